@@ -1,0 +1,68 @@
+"""The drafter interface every strategy plugs into (speculative decoding §0, step 1).
+
+Shaped like transformers' ``CandidateGenerator``: ``propose`` returns candidate tokens (a chain,
+or a tree given by parent indices) and ``observe`` receives the verified round, including the
+target's logits and (on request) hidden states from the same verify forward, so drafters such
+as DFlash and ReTrace can reuse target signals without an extra forward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class DraftContext:
+    """What a drafter sees when it proposes: every committed token id so far."""
+
+    tokens: list[int]
+    prompt_len: int
+    max_draft: int      # the engine will truncate a longer draft to this many tokens (depth)
+    round_index: int
+
+
+@dataclass
+class Draft:
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] | None = None          # tree drafts: parent of each node (-1 = root)
+    q: torch.Tensor | None = None             # [k, V] drafter distribution for sampled chains
+    q_token: list[float | None] | None = None  # drafter prob of each drafted token (display)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class VerifyFeedback:
+    """Everything the verify forward computed, handed back to the drafter after a round."""
+
+    round: Any                          # specviz.trace.Round
+    logits: torch.Tensor                # [1 + k, V] target logits over [last token, draft...]
+    hidden_states: tuple | None = None  # HF hidden_states of the verify forward (if requested)
+    kept_rows: list[int] | None = None  # rows of the verify input that are now committed
+
+
+class Drafter:
+    """Base class: a drafter that proposes nothing (plain autoregressive decoding)."""
+
+    name = "ar"
+    #: HF ``output_hidden_states`` indices the drafter needs from every target forward, or None.
+    hidden_state_layers: list[int] | None = None
+
+    def begin(self, target, prompt_ids: list[int], prefill_hidden: tuple | None = None) -> None:
+        """Called once per Session after the prefill forward (over prompt_ids[:-1])."""
+
+    def propose(self, ctx: DraftContext) -> Draft:
+        return Draft()
+
+    def observe(self, feedback: VerifyFeedback) -> None:
+        """Called after each round with the verify results."""
+
+    def config(self) -> dict[str, Any]:
+        return {}
+
+
+class ARDrafter(Drafter):
+    """No draft: every round is one ordinary decoding step (the baseline)."""
+
+    name = "ar"
