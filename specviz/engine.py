@@ -228,9 +228,8 @@ class Session:
                 committed = committed[:j + 1]
                 stop = "eos"
                 break
-        budget_cut = committed[:budget]
-        if len(budget_cut) < len(committed):
-            committed = budget_cut
+        committed = committed[:budget]  # never past max_new_tokens / the context window
+        n_acc = min(len(accepted_tokens), len(committed))  # an accepted EOS ends the round early
         self.tokens.extend(committed)
         t_verify = time.perf_counter() - t0
 
@@ -240,13 +239,13 @@ class Session:
         rnd = Round(
             index=len(self.rounds), start=len(self.tokens) - len(committed),
             drafter=self.drafter.name, draft=[int(t) for t in draft.tokens],
-            accepted=len(accepted_tokens), committed=[int(t) for t in committed],
+            accepted=n_acc, committed=[int(t) for t in committed],
             target_argmax=[int(x) for x in argmax.tolist()],
             target_argmax_prob=[round(float(x), 6) for x in argmax_prob.tolist()],
             p_draft=[round(x, 6) for x in p_draft],
             q_draft=list(draft.q_token) if draft.q_token is not None else [None] * len(draft.tokens),
             parents=list(draft.parents) if tree is not None else None,
-            accepted_path=path if tree is not None else [],
+            accepted_path=path[:n_acc] if tree is not None else [],
             t_draft=t_draft, t_verify=t_verify, extras=dict(draft.extras))
         self.rounds.append(rnd)
         self.drafter.observe(VerifyFeedback(

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
+import socket
 import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+from urllib.parse import urlparse
 
 import torch
 
@@ -190,7 +193,23 @@ def resolve_model_path(name: str, progress: ProgressFn | None = None) -> str:
         return str(p)
     if name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise ModelLoadError(f"model folder {name} does not exist")
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", name):
+        raise ModelLoadError(f"'{name}' is neither a local model folder nor a valid hub model id")
     return name  # a hub id; from_pretrained decides
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Quick TCP check of the Hugging Face endpoint (avoids minutes of download retries)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    url = urlparse(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
 
 
 def load_target(name: str = "default", device: str | None = None, dtype=None,
@@ -201,15 +220,20 @@ def load_target(name: str = "default", device: str | None = None, dtype=None,
     path = resolve_model_path(name, progress)
     dev = pick_device(device)
     dt = pick_dtype(dev, dtype)
+    local_only = not Path(path).exists() and not hub_reachable()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        kwargs = {"dtype": dt}
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+        kwargs = {"dtype": dt, "local_files_only": local_only}
         if device_map:
             kwargs["device_map"] = device_map
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except ModelLoadError:
         raise
-    except (OSError, ValueError, KeyError, EnvironmentError) as exc:
+    except Exception as exc:  # noqa: BLE001 - any loader failure becomes one clear line
+        if local_only:
+            raise ModelLoadError(
+                f"cannot load model '{name}': it is not in the local Hugging Face cache and the "
+                "hub is unreachable; pass a local folder or use 'default'") from exc
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"cannot load model '{name}': {first}") from exc
     if not device_map:

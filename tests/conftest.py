@@ -13,10 +13,10 @@ class ToyTokenizer:
     """Minimal tokenizer for tiny random models: token i <-> the text ' t{i}'."""
 
     chat_template = None
-    eos_token_id = 1
 
-    def __init__(self, vocab_size: int):
+    def __init__(self, vocab_size: int, eos_token_id: int = 1):
         self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id
 
     def __call__(self, text, add_special_tokens=True):
         ids = [int(w[1:]) % self.vocab_size for w in text.split() if w[1:].isdigit()]
@@ -42,7 +42,7 @@ def make_tiny_target(vocab_size: int = 64, seed: int = 0, layers: int = 2, eos: 
         model.lm_head.weight.mul_(8.0)
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = eos
-    return target_from_model(model, ToyTokenizer(vocab_size), name=f"tiny-llama-{seed}")
+    return target_from_model(model, ToyTokenizer(vocab_size, eos), name=f"tiny-llama-{seed}")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,1 @@
+"""Streamlit pages of the specviz app (run through st.navigation in app.py)."""

@@ -1,0 +1,112 @@
+"""Compare page: run several methods on the same prompt(s), with plain decoding (AR) as the
+baseline in the same run, and compare tau, forward passes, wall time and real speedup."""
+from __future__ import annotations
+
+import streamlit as st
+
+from pages import ui
+from specviz import appstate, viz
+from specviz.drafters import METHODS
+from specviz.errors import SpecvizError
+
+ss = st.session_state
+
+st.markdown("## Compare methods")
+st.caption("Every method runs to the end on the same prompt(s) with the sidebar's model and "
+           "decoding settings. Plain autoregressive decoding (**AR**) always runs too, on the "
+           "same prompts in the same session, so the speedup is measured, not estimated.")
+
+cfg, cfg_error = ui.current_config()
+ui.show_config_error(cfg_error)
+
+choices = [m for m in METHODS if m != "ar"]
+ss.setdefault("cmp_methods", [cfg.method] if cfg and cfg.method in choices else choices[:2])
+examples = appstate.load_examples()
+by_cat = appstate.examples_by_category(examples)
+
+c = st.columns([2, 2, 1])
+methods = c[0].multiselect("Methods (AR runs as the baseline anyway)", choices, key="cmp_methods",
+                           format_func=lambda m: f"{m.upper()} — {METHODS[m]}")
+prompt_set = c[1].radio("Prompts", ["The sidebar's prompt", "A small example set"],
+                        key="cmp_set", horizontal=True)
+per_cat = 1
+cats: list[str] = []
+if prompt_set == "A small example set":
+    ss.setdefault("cmp_cats", [k for k in ("math", "code", "summarization") if k in by_cat])
+    cats = st.multiselect("Categories", list(by_cat), key="cmp_cats")
+    per_cat = c[2].number_input("Prompts per category", min_value=1, max_value=5, value=1,
+                                key="cmp_per_cat")
+run = st.button("Run comparison", key="cmp_run", type="primary", icon=":material/play_arrow:")
+
+if run:
+    prompts: list[appstate.ComparePrompt] = []
+    if prompt_set == "A small example set":
+        for cat in cats:
+            for e in by_cat.get(cat, [])[:int(per_cat)]:
+                prompts.append(appstate.ComparePrompt(e["id"], e["title"], e["prompt"]))
+    elif cfg is not None:
+        prompts.append(appstate.ComparePrompt(cfg.prompt_id or "sidebar", "sidebar prompt",
+                                              cfg.prompt))
+    if cfg is None:
+        st.error("Fix the settings in the sidebar first.")
+    elif not methods:
+        st.error("Choose at least one method to compare with plain decoding.")
+    elif not prompts:
+        st.error("Choose at least one category of example prompts.")
+    else:
+        target = ui.load_target(cfg.model)
+        if target is not None:
+            params = {cfg.method: cfg.params}
+            total = (len(methods) + 1) * len(prompts)
+            prog = st.progress(0.0, text=f"0 / {total} runs")
+            runs = []
+            try:
+                for done, total, r in appstate.compare_runs(target, methods, prompts,
+                                                            cfg.settings, params):
+                    runs.append(r)
+                    prog.progress(done / total, text=f"{done} / {total} runs · last: "
+                                  f"{r.method.upper()} on {r.prompt_id} ({r.wall_s:.1f} s)")
+                ss["cmp_runs"] = runs
+                ss["cmp_greedy"] = cfg.settings.greedy
+            except SpecvizError as exc:
+                st.error(str(exc))
+            prog.empty()
+
+runs = ss.get("cmp_runs")
+if runs:
+    summary = viz.compare_summary_table(runs)
+    per = viz.compare_runs_table(runs)
+    st.markdown("##### Side by side")
+    st.dataframe(summary, hide_index=True, width="stretch", column_config={
+        "tau": st.column_config.NumberColumn("tau", format="%.2f",
+                                             help="Mean (accepted + 1) per round"),
+        "wall_s": st.column_config.NumberColumn("wall time (s)", format="%.2f",
+                                                help="Prefill + decoding, all prompts"),
+        "speedup_vs_ar": st.column_config.NumberColumn("speedup vs AR", format="%.2f×",
+                                                       help="AR wall time ÷ this wall time"),
+        "identical_to_ar": st.column_config.CheckboxColumn(
+            "identical to AR", help="Greedy mode: the output equals plain decoding token "
+                                    "for token on every prompt (empty in sampling mode)"),
+    })
+    if ss.get("cmp_greedy"):
+        bad = per[(per.method != "ar") & (per.identical_to_ar == False)]  # noqa: E712
+        if bad.empty:
+            st.success("Greedy mode: every method produced exactly the same tokens as plain "
+                       "decoding (speculative decoding is lossless).")
+        else:
+            st.warning(f"{len(bad)} run(s) differ from plain decoding. In float arithmetic a "
+                       "verify pass over several tokens can break near-ties differently from a "
+                       "one-token step; see the per-prompt table.")
+    else:
+        st.info("Sampling mode: outputs are random draws, so they are not compared with AR.")
+    st.plotly_chart(viz.fig_compare(summary), width="stretch", config=ui.PLOTLY_CONFIG,
+                    key="cmp_fig")
+    st.markdown("##### Per prompt")
+    st.dataframe(per, hide_index=True, width="stretch")
+    d = st.columns(2)
+    d[0].download_button("Summary (CSV)", viz.to_csv_bytes(summary),
+                         file_name="specviz-compare-summary.csv", mime="text/csv",
+                         key="cmp_dl_summary", on_click="ignore", width="stretch")
+    d[1].download_button("Per prompt (CSV)", viz.to_csv_bytes(per),
+                         file_name="specviz-compare-runs.csv", mime="text/csv",
+                         key="cmp_dl_runs", on_click="ignore", width="stretch")

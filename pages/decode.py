@@ -1,0 +1,87 @@
+"""Decode page: step through speculative decoding one round (one target forward) at a time."""
+from __future__ import annotations
+
+import time
+
+import streamlit as st
+
+from pages import ui
+from specviz import appstate, viz
+from specviz.errors import SpecvizError
+
+ss = st.session_state
+
+st.markdown("## Speculative decoding, step by step")
+st.caption("Each **Next round** runs one real round: the drafter proposes tokens, the target "
+           "checks all of them in ONE forward pass, keeps the longest agreeing prefix and adds "
+           "one token of its own. Fewer target passes per token is where the speedup comes from.")
+
+cfg, cfg_error = ui.current_config()
+ui.show_config_error(cfg_error)
+
+bar = st.columns([1.1, 1.1, 0.9, 4.9], vertical_alignment="center")
+next_clicked = bar[0].button("Next round", key="next", type="primary", width="stretch",
+                             icon=":material/skip_next:")
+run_clicked = bar[1].button("Run to end", key="run", width="stretch",
+                            icon=":material/fast_forward:")
+reset_clicked = bar[2].button("Reset", key="reset", width="stretch",
+                              icon=":material/restart_alt:")
+status_slot = bar[3].empty()
+
+if reset_clicked:
+    for k in ("dec_session", "dec_key", "dec_trace", "dec_scrub", "dec_latency"):
+        ss.pop(k, None)
+
+target = ui.load_target(cfg.model) if cfg is not None else None
+
+if (next_clicked or run_clicked) and cfg is not None and target is not None:
+    try:
+        session = ss.get("dec_session")
+        if session is None or ss.get("dec_key") != cfg.key():
+            session = appstate.new_session(target, cfg)
+            ss["dec_session"], ss["dec_key"] = session, cfg.key()
+        if session.done:
+            st.info(f"This run has finished ({session.stop_reason}). Press **Reset** to start "
+                    "again.")
+        elif next_clicked:
+            t0 = time.perf_counter()
+            session.step()
+            ss.setdefault("dec_latency", []).append(time.perf_counter() - t0)
+        else:
+            prog = st.progress(0.0, text="Running to the end …")
+
+            def on_progress(done: int, total: int) -> None:
+                prog.progress(min(done / max(total, 1), 1.0),
+                              text=f"Running to the end … {done}/{total} tokens")
+
+            session.run(progress=on_progress)
+            prog.empty()
+        ss["dec_trace"] = session.trace()
+        ss["dec_scrub"] = len(session.rounds)
+    except SpecvizError as exc:
+        st.error(str(exc))
+
+trace = ss.get("dec_trace")
+session = ss.get("dec_session")
+if trace is not None:
+    stale = cfg is not None and ss.get("dec_key") != cfg.key()
+    state = "finished" + (f" ({session.stop_reason})" if session and session.stop_reason else "") \
+        if session is not None and session.done else "in progress"
+    meta = trace.meta
+    status_slot.markdown(
+        f"**{meta.get('method', '?').upper()}** on *{meta.get('model', '?')}* · "
+        f"round {trace.num_rounds} · {trace.new_tokens} tokens · {state}")
+    if stale:
+        st.warning("The sidebar settings changed since this run started. The run below used the "
+                   "old settings; **Next round** or **Run to end** starts a new run.")
+    ui.trace_view(trace, prefix="dec")
+else:
+    status_slot.markdown("Press **Next round** to run the first round"
+                         + (f" of **{cfg.method.upper()}**" if cfg else "") + ".")
+    st.html(viz.legend_html(include_css=True))
+    st.html('<div style="color:#64748b;border:1px dashed #cbd5e1;border-radius:0.5rem;'
+            'padding:1.2rem;">The generated text will appear here, token by token, coloured by '
+            'where each token came from.</div>')
+    if cfg is not None:
+        with st.expander("Prompt", expanded=False):
+            st.text(cfg.prompt)

@@ -1,0 +1,42 @@
+"""Open a saved trace: explore a run from a JSON file without loading any model."""
+from __future__ import annotations
+
+import streamlit as st
+
+from pages import ui
+from specviz import appstate
+from specviz.errors import SpecvizError
+
+ss = st.session_state
+
+st.markdown("## Open a saved trace")
+st.caption("Upload a trace downloaded from the Decode page (or written by "
+           "`python -m specviz run`). It is shown exactly like a live run; no model is loaded.")
+
+up = st.file_uploader("Trace file (JSON)", type=["json"], key="upload")
+if up is not None and ss.get("uploaded_file_id") != up.file_id:
+    ss["uploaded_file_id"] = up.file_id
+    try:
+        ss["uploaded_trace"] = appstate.load_trace_bytes(up.getvalue())
+        ss["uploaded_name"] = up.name
+        ss.pop("upload_error", None)
+        ss.pop("up_scrub", None)
+    except SpecvizError as exc:
+        ss.pop("uploaded_trace", None)
+        ss["upload_error"] = f"Cannot open {up.name}: {exc}"
+
+if ss.get("upload_error"):
+    st.error(ss["upload_error"])
+
+trace = ss.get("uploaded_trace")
+if trace is not None:
+    meta = trace.meta
+    settings = meta.get("settings") or {}
+    mode = "greedy" if float(settings.get("temperature", 0) or 0) == 0 else \
+        f"sampling T={settings.get('temperature')} top-p={settings.get('top_p')}"
+    st.markdown(f"**{ss.get('uploaded_name', 'trace')}** · method **{str(meta.get('method', '?')).upper()}**"
+                f" · model *{meta.get('model', '?')}* · {mode} · "
+                f"{trace.num_rounds} rounds · stop: {meta.get('stop_reason') or '—'}")
+    ui.trace_view(trace, prefix="up", downloads=True)
+elif not ss.get("upload_error"):
+    st.info("Choose a trace file to explore it.")

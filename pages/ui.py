@@ -1,0 +1,193 @@
+"""Streamlit pieces shared by the pages: the model cache, the settings from the sidebar, and the
+trace explorer (tokens, metrics, round table, charts, downloads) that renders any Trace — a live
+run or an uploaded file — in the same way. The numbers and figures come from specviz.viz."""
+from __future__ import annotations
+
+import html
+
+import streamlit as st
+
+from specviz import appstate, viz
+from specviz.errors import SpecvizError
+from specviz.trace import Trace
+
+PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
+REJECTED_MODES = {"all": "every round", "selected": "selected round only", "none": "hide"}
+
+
+# ---------------------------------------------------------------- model
+@st.cache_resource(show_spinner=False)
+def target_cache() -> appstate.TargetCache:
+    """ONE target cache per server process, shared by all tabs (each tab keeps its own Session,
+    hence its own KV cache, in st.session_state; the target's lock serialises forwards)."""
+    return appstate.TargetCache()
+
+
+def load_target(name: str):
+    """The loaded target, loading it with a progress bar the first time; None on failure
+    (an st.error is shown with a Retry button)."""
+    cache = target_cache()
+    if cache.loaded(name):
+        return cache.get(name)
+    err = cache.error(name)
+    if err:
+        st.error(f"Model: {err}")
+        if st.button("Retry loading the model", key="retry_model"):
+            cache.forget_error(name)
+            st.rerun()
+        return None
+    bar = st.progress(0.0, text=f"Loading model {name} (first time only) …")
+
+    def progress(frac: float, text: str) -> None:
+        bar.progress(min(max(float(frac), 0.0), 1.0), text=text)
+
+    try:
+        target = cache.get(name, progress=progress)
+    except SpecvizError as exc:
+        bar.empty()
+        st.error(f"Model: {exc}")
+        return None
+    bar.empty()
+    return target
+
+
+# ---------------------------------------------------------------- settings
+def current_config() -> tuple[appstate.AppConfig | None, str | None]:
+    return st.session_state.get("_cfg"), st.session_state.get("_cfg_error")
+
+
+def show_config_error(err: str | None) -> None:
+    if err:
+        st.error(f"Settings: {err}. Fix it in the sidebar.")
+
+
+# ---------------------------------------------------------------- trace explorer
+def _fmt(x, spec: str, none: str = "—") -> str:
+    return none if x is None else format(x, spec)
+
+
+def metrics_row(trace: Trace) -> None:
+    m = viz.live_metrics(trace)
+    c = st.columns(5)
+    c[0].metric("tau (tokens / round)", f"{m['tau']:.2f}" if m["rounds"] else "—",
+                help="Mean acceptance length so far: mean over rounds of (accepted + 1). "
+                     "Plain decoding has tau = 1.")
+    c[1].metric("Target forward passes", m["target_forwards"],
+                help="One target forward per round (the prompt's prefill is not counted). "
+                     "Plain decoding needs one per generated token.")
+    c[2].metric("Generated tokens", m["new_tokens"],
+                help=f"Drafted {m['drafted']} tokens, accepted {m['accepted']}.")
+    c[3].metric("Tokens / s", f"{m['tokens_per_s']:.1f}" if m["rounds"] else "—",
+                help=f"Generated tokens ÷ decode time ({m['decode_time']:.2f} s; the "
+                     f"prefill took {m['prefill_time']:.2f} s and is not included).")
+    c[4].metric("Speedup (estimate)", _fmt(m["speedup_est"], ".2f") + ("×" if m["speedup_est"]
+                                                                       else ""),
+                help=m["speedup_explain"])
+
+
+def round_detail_html(trace: Trace, i: int) -> str:
+    """One sentence about round i: what was drafted, accepted and what the target said."""
+    if not (0 <= i < len(trace.rounds)):
+        return ""
+    r = trace.rounds[i]
+    texts = trace.token_texts
+    esc = lambda ids: html.escape(viz.join_tokens(ids, texts))  # noqa: E731
+    kind = viz.round_kind(r)
+    parts = [f"<b>Round {r.index + 1}</b> · {html.escape(r.drafter)}"]
+    info = viz.describe_extras(r)
+    if not r.draft:
+        parts.append("no draft" + (f" ({html.escape(info)})" if info else "")
+                     + " → the target generated one token itself: "
+                     f"<code>{esc([r.target_token])}</code>")
+    else:
+        parts.append(f"drafted {len(r.draft)} token(s)" + (f" ({html.escape(info)})" if info
+                                                           else ""))
+        parts.append(f"accepted <b>{r.accepted}</b>"
+                     + (f": <code>{esc(r.committed[:r.accepted])}</code>" if r.accepted else ""))
+        if r.rejected_suffix:
+            parts.append(f"rejected {len(r.rejected_suffix)}: <s>{esc(r.rejected_suffix)}</s>")
+        if r.target_token >= 0:
+            label = "bonus" if kind == "bonus" else "correction"
+            parts.append(f"target's {label} token: <code>{esc([r.target_token])}</code>")
+    parts.append(f"{(r.t_draft + r.t_verify) * 1000:.0f} ms")
+    return ('<div style="font-size:0.9rem;color:#1e293b;background:#f8fafc;border:1px solid '
+            '#e2e8f0;border-radius:0.5rem;padding:0.45rem 0.7rem;margin:0.3rem 0 0.6rem 0;">'
+            + " · ".join(parts) + "</div>")
+
+
+def prompt_text(trace: Trace) -> str:
+    p = trace.meta.get("prompt")
+    if isinstance(p, str) and p:
+        return p
+    return viz.join_tokens(trace.prompt_ids, trace.token_texts)
+
+
+def trace_view(trace: Trace, prefix: str, downloads: bool = True) -> None:
+    """The whole explorer for ``trace``; widget keys start with ``prefix``."""
+    n = len(trace.rounds)
+    scrub_key = f"{prefix}_scrub"
+    if n > 1:
+        if st.session_state.get(scrub_key, n + 1) > n:
+            st.session_state[scrub_key] = n
+        sel = st.slider("Show the run up to round", 1, n, key=scrub_key,
+                        help="Scrub back through the rounds already run; everything below "
+                             "(tokens, metrics, table, charts) shows the run as it was then.")
+    else:
+        sel = n
+    view = viz.trace_prefix(trace, sel)
+    metrics_row(view)
+
+    head = st.columns([3, 2])
+    with head[0]:
+        st.markdown("##### Generated text, token by token")
+    with head[1]:
+        mode = st.radio("Rejected draft tokens", list(REJECTED_MODES),
+                        format_func=REJECTED_MODES.get, horizontal=True,
+                        key=f"{prefix}_rejected", label_visibility="collapsed")
+    st.html(viz.legend_html(include_css=True))
+    st.html(viz.tokens_html(view, rejected=mode, selected_round=sel - 1 if sel else None,
+                            include_css=False))
+    if sel:
+        st.html(round_detail_html(view, sel - 1))
+    with st.expander(f"Prompt ({len(trace.prompt_ids)} tokens)"):
+        st.text(prompt_text(trace))
+
+    if not view.rounds:
+        return
+    st.markdown("##### Rounds")
+    table = viz.rounds_table(view)
+    st.dataframe(table, hide_index=True, width="stretch", height=min(38 + 35 * len(table), 320),
+                 column_config={
+                     "p_first_rejected": st.column_config.NumberColumn(
+                         "p(first rejected)", format="%.3f",
+                         help="Target probability of the first rejected draft token"),
+                     "t_draft_ms": st.column_config.NumberColumn("draft ms", format="%.1f"),
+                     "t_verify_ms": st.column_config.NumberColumn("verify ms", format="%.1f"),
+                 })
+
+    st.markdown("##### Charts")
+    st.plotly_chart(viz.fig_round_lengths(view, sel - 1), width="stretch",
+                    config=PLOTLY_CONFIG, key=f"{prefix}_fig_rounds")
+    c = st.columns(2)
+    with c[0]:
+        st.plotly_chart(viz.fig_position_acceptance(view), width="stretch",
+                        config=PLOTLY_CONFIG, key=f"{prefix}_fig_pos")
+    with c[1]:
+        st.plotly_chart(viz.fig_accepted_hist(view), width="stretch", config=PLOTLY_CONFIG,
+                        key=f"{prefix}_fig_hist")
+
+    if downloads:
+        st.markdown("##### Download")
+        d = st.columns(3)
+        d[0].download_button("Trace (JSON)", trace.to_json().encode("utf-8"),
+                             file_name=appstate.trace_filename(trace),
+                             mime="application/json", key=f"{prefix}_dl_trace",
+                             on_click="ignore", width="stretch",
+                             help="The whole run; open it later on the 'Open a saved trace' page.")
+        d[1].download_button("Rounds table (CSV)", viz.to_csv_bytes(viz.rounds_table(trace)),
+                             file_name="specviz-rounds.csv", mime="text/csv",
+                             key=f"{prefix}_dl_rounds", on_click="ignore", width="stretch")
+        d[2].download_button("Per-position acceptance (CSV)",
+                             viz.to_csv_bytes(viz.position_table(trace)),
+                             file_name="specviz-positions.csv", mime="text/csv",
+                             key=f"{prefix}_dl_pos", on_click="ignore", width="stretch")

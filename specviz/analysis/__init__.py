@@ -1,0 +1,1 @@
+"""Analyses computed from traces: lossless checks and statistics (later: alignment, EDR)."""

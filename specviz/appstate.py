@@ -1,0 +1,354 @@
+"""Plain-Python helpers behind the Streamlit pages (no streamlit import, so tests call them).
+
+* example prompts (``examples/prompts.jsonl``),
+* the sidebar's choices as one validated :class:`AppConfig`,
+* method parameters discovered from the drafter classes (so new methods get widgets for free),
+* a thread-safe target cache (the app keeps ONE of these in ``st.cache_resource``; loading runs
+  outside streamlit's cache so the first load can report progress),
+* reading an uploaded trace, and the Compare page's runner.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from .engine import DecodeSettings, Session
+from .errors import SettingsError, SpecvizError, TraceError
+from .trace import Trace
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES_PATH = ROOT / "examples" / "prompts.jsonl"
+CATEGORIES = ("math", "code", "dialogue", "summarization", "rag")
+# PLD accepts AND rejects tokens in its first rounds on this prompt (a good first demo)
+DEFAULT_EXAMPLE_ID = "summarization-01"
+DEFAULT_MODEL = "default"
+DEFAULT_MAX_NEW_TOKENS = 128
+
+
+# ---------------------------------------------------------------- example prompts
+def load_examples(path: str | Path | None = None) -> list[dict]:
+    """The example prompts; malformed lines are skipped."""
+    path = Path(path) if path else EXAMPLES_PATH
+    out: list[dict] = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(d, dict) and {"id", "category", "prompt"} <= set(d):
+            d.setdefault("title", d["id"])
+            out.append(d)
+    return out
+
+
+def examples_by_category(examples: list[dict]) -> dict[str, list[dict]]:
+    cats: dict[str, list[dict]] = {}
+    for c in CATEGORIES:
+        cats[c] = []
+    for e in examples:
+        cats.setdefault(e["category"], []).append(e)
+    return {c: v for c, v in cats.items() if v}
+
+
+def example_by_id(examples: list[dict], example_id: str) -> dict | None:
+    return next((e for e in examples if e["id"] == example_id), None)
+
+
+# ---------------------------------------------------------------- method parameters
+@dataclass
+class ParamSpec:
+    name: str
+    default: Any
+    kind: str          # int | float | bool | str
+    label: str
+    help: str = ""
+
+
+PARAM_HELP = {
+    "max_matching_ngram_size": ("longest n-gram to match", "PLD looks for the last n tokens "
+                                "(n from this value down to 1) earlier in prompt + output."),
+    "num_output_tokens": ("draft length", "How many tokens after the match are copied as the "
+                          "draft (the most a round can accept)."),
+}
+
+
+def _drafter_classes() -> dict[str, type]:
+    from . import drafters
+
+    out = {}
+    for obj in vars(drafters).values():
+        if inspect.isclass(obj) and issubclass(obj, drafters.Drafter) and obj is not drafters.Drafter:
+            out.setdefault(getattr(obj, "name", ""), obj)
+    return out
+
+
+def method_param_specs(method: str) -> list[ParamSpec]:
+    """Widgets for a method's parameters: ``specviz.drafters.METHOD_PARAMS[method]`` if the
+    library declares it, else the drafter class's keyword arguments with simple defaults."""
+    from . import drafters
+
+    declared = getattr(drafters, "METHOD_PARAMS", None)
+    if isinstance(declared, dict) and method in declared:
+        specs = []
+        for name, default in dict(declared[method]).items():
+            kind = _kind_of(default)
+            if kind:
+                label, hlp = PARAM_HELP.get(name, (name.replace("_", " "), ""))
+                specs.append(ParamSpec(name, default, kind, label, hlp))
+        return specs
+    cls = _drafter_classes().get(method)
+    if cls is None:
+        return []
+    specs = []
+    try:
+        sig = inspect.signature(cls.__init__)
+    except (TypeError, ValueError):
+        return []
+    for name, prm in sig.parameters.items():
+        if name == "self" or prm.default is inspect.Parameter.empty:
+            continue
+        kind = _kind_of(prm.default)
+        if kind is None:
+            continue
+        label, hlp = PARAM_HELP.get(name, (name.replace("_", " "), ""))
+        specs.append(ParamSpec(name, prm.default, kind, label, hlp))
+    return specs
+
+
+def _kind_of(v) -> str | None:
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "int"
+    if isinstance(v, float):
+        return "float"
+    if isinstance(v, str):
+        return "str"
+    return None
+
+
+# ---------------------------------------------------------------- the sidebar's choices
+@dataclass
+class AppConfig:
+    model: str = DEFAULT_MODEL
+    method: str = "pld"
+    params: dict[str, Any] = field(default_factory=dict)
+    settings: DecodeSettings = field(default_factory=DecodeSettings)
+    prompt: str = ""
+    prompt_id: str | None = None   # the example it came from (None: free text / edited)
+
+    def key(self) -> str:
+        """Identifies a run: a Session built from another key is stale."""
+        blob = json.dumps([self.model, self.method, self.params, asdict(self.settings),
+                           self.prompt], sort_keys=True, default=str)
+        return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+def build_config(model: str, method: str, params: dict[str, Any], sampling: bool,
+                 temperature: Any, top_p: Any, max_new_tokens: Any, seed: Any,
+                 chat_template: bool, prompt: str, prompt_id: str | None = None) -> AppConfig:
+    """Validate the sidebar's raw values; raises :class:`SettingsError` with a clear message."""
+    from .drafters import METHODS
+
+    model = (model or "").strip()
+    if not model:
+        raise SettingsError("enter a model: a Hugging Face id or a local folder "
+                            "(or pick the embedded default)")
+    if method not in METHODS:
+        raise SettingsError(f"unknown method '{method}' (choose from: {', '.join(METHODS)})")
+    try:
+        mnt = _as_int(max_new_tokens, "max new tokens")
+        sd = _as_int(seed, "seed")
+        temp = float(temperature) if sampling else 0.0
+        tp = float(top_p) if sampling else 1.0
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(str(exc)) from exc
+    if sampling and temp == 0.0:
+        raise SettingsError("sampling needs a temperature above 0 (or choose greedy)")
+    settings = DecodeSettings(max_new_tokens=mnt, temperature=temp, top_p=tp, seed=sd,
+                              chat_template=bool(chat_template)).validate()
+    if sd < 0:
+        raise SettingsError("seed must be 0 or more")
+    return AppConfig(model=model, method=method, params=dict(params), settings=settings,
+                     prompt=prompt or "", prompt_id=prompt_id)
+
+
+def _as_int(v, what: str) -> int:
+    if isinstance(v, bool):
+        raise SettingsError(f"{what} must be a whole number")
+    if isinstance(v, float):
+        if v != int(v):
+            raise SettingsError(f"{what} must be a whole number")
+        v = int(v)
+    try:
+        return int(v)
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(f"{what} must be a whole number") from exc
+
+
+def new_session(target, cfg: AppConfig) -> Session:
+    """Build the drafter and the Session for ``cfg`` (raises SpecvizError on bad input)."""
+    from .drafters import make_drafter
+
+    drafter = make_drafter(cfg.method, target, **cfg.params)
+    return Session(target, drafter, cfg.prompt, cfg.settings, method=cfg.method)
+
+
+# ---------------------------------------------------------------- models
+ProgressFn = Callable[[float, str], None]
+
+
+class TargetCache:
+    """Loaded targets by name, shared by every browser tab (one instance lives in
+    ``st.cache_resource``). Each name is loaded once even when two tabs ask at the same
+    time; a failed load is remembered so the page does not retry it on every rerun."""
+
+    def __init__(self, max_models: int = 2, loader: Callable | None = None):
+        self.max_models = max_models
+        self._loader = loader
+        self._targets: dict[str, Any] = {}
+        self._errors: dict[str, str] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def loaded(self, name: str) -> bool:
+        return name in self._targets
+
+    def error(self, name: str) -> str | None:
+        return self._errors.get(name)
+
+    def forget_error(self, name: str) -> None:
+        self._errors.pop(name, None)
+
+    def get(self, name: str, progress: ProgressFn | None = None):
+        if name in self._targets:
+            return self._targets[name]
+        if name in self._errors:
+            from .models import ModelLoadError
+
+            raise ModelLoadError(self._errors[name])
+        with self._guard:
+            lock = self._locks.setdefault(name, threading.Lock())
+        with lock:
+            if name in self._targets:
+                return self._targets[name]
+            try:
+                target = self._load(name, progress)
+            except SpecvizError as exc:
+                self._errors[name] = str(exc)
+                raise
+            with self._guard:
+                while len(self._targets) >= self.max_models:
+                    self._targets.pop(next(iter(self._targets)))
+                self._targets[name] = target
+            return target
+
+    def _load(self, name: str, progress: ProgressFn | None):
+        if self._loader is not None:
+            return self._loader(name, progress)
+        from .models import load_target
+
+        if progress:
+            progress(0.05, f"Loading {name} …")
+        target = load_target(name, progress=progress)
+        if progress:
+            progress(0.9, "Warming up (one short generation) …")
+        warm_up(target)
+        if progress:
+            progress(1.0, "Model ready")
+        return target
+
+
+def warm_up(target) -> None:
+    """A few short rounds so the first Next round click does not pay one-time costs
+    (PyTorch's first calls at new shapes are several times slower than later ones)."""
+    from .drafters import make_drafter
+
+    text = " ".join(["the quick brown fox jumps over the lazy dog."] * 20)
+    for method in ("pld", "ar"):
+        try:
+            Session(target, make_drafter(method), text,
+                    DecodeSettings(max_new_tokens=12, chat_template=False)).run(max_rounds=3)
+        except SpecvizError:
+            pass
+
+
+# ---------------------------------------------------------------- uploaded traces
+def load_trace_bytes(data: bytes | str | None) -> Trace:
+    """Read an uploaded trace; anything that cannot be shown raises :class:`TraceError`."""
+    if data is None or len(data) == 0:
+        raise TraceError("the uploaded file is empty")
+    trace = Trace.from_json(data)
+    if not trace.rounds and not trace.prompt_ids:
+        raise TraceError("the trace has no rounds and no prompt")
+    # render it once here, so an inconsistent trace fails with a clear message, not a traceback
+    from . import viz
+
+    try:
+        for r in trace.rounds:
+            [int(t) for t in r.draft]
+            [int(t) for t in r.committed]
+            if r.parents is not None and len(r.parents) != len(r.draft):
+                raise ValueError(f"round {r.index}: parents and draft lengths differ")
+        viz.tokens_html(trace)
+        viz.rounds_table(trace)
+        viz.live_metrics(trace)
+    except TraceError:
+        raise
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError,
+            ZeroDivisionError) as exc:
+        raise TraceError(f"the trace is inconsistent and cannot be shown: {exc}") from exc
+    return trace
+
+
+def trace_filename(trace: Trace) -> str:
+    method = str(trace.meta.get("method") or "trace")
+    stamp = str(trace.meta.get("created") or "").replace(":", "").replace("-", "")
+    return f"specviz-{method}-{stamp or 'run'}.json"
+
+
+# ---------------------------------------------------------------- Compare page
+@dataclass
+class ComparePrompt:
+    id: str
+    title: str
+    prompt: str
+
+
+def compare_runs(target, methods: list[str], prompts: list[ComparePrompt],
+                 settings: DecodeSettings, params: dict[str, dict] | None = None,
+                 baseline: str = "ar") -> Iterator[tuple[int, int, Any]]:
+    """Run the baseline and every method on every prompt; yields ``(done, total, CompareRun)``.
+
+    The baseline runs first on each prompt, then the methods, so every method is timed on the
+    same prompt under the same machine load as its baseline.
+    """
+    from .viz import CompareRun
+
+    order = [baseline] + [m for m in methods if m != baseline]
+    total = len(order) * len(prompts)
+    done = 0
+    params = params or {}
+    for p in prompts:
+        for m in order:
+            cfg = AppConfig(model=target.name, method=m, params=params.get(m, {}),
+                            settings=settings, prompt=p.prompt)
+            t0 = time.perf_counter()
+            session = new_session(target, cfg)
+            trace = session.run()
+            wall = time.perf_counter() - t0
+            done += 1
+            yield done, total, CompareRun(p.id, p.title, m, trace, wall)

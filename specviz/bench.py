@@ -1,0 +1,232 @@
+"""Prompt-set loaders and the side-by-side benchmark runner (METHODS §0 metrics).
+
+Every method runs on the same prompts in one process, interleaved prompt by prompt with the
+plain autoregressive baseline (AR), so the speedup is measured in the same run on the same
+machine state. Per method and category: tau (mean accepted length, incl. the target's token),
+target forward passes, tokens/s, wall-clock speedup vs AR, and (greedy) whether the output
+equals AR's token for token.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from .errors import SpecvizError
+
+
+@dataclass
+class PromptItem:
+    id: str
+    category: str
+    text: str
+    source: str = ""
+
+
+def _row_to_prompt(row: dict, i: int, source: str) -> PromptItem | None:
+    """Recognise the public formats: Spec-Bench, GSM8K, MBPP, Alpaca seed tasks, specviz examples."""
+    if "turns" in row:  # Spec-Bench question.jsonl
+        turns = row["turns"] or []
+        if not turns:
+            return None
+        return PromptItem(str(row.get("question_id", i)), str(row.get("category", "spec_bench")),
+                          str(turns[0]), source)
+    if "question" in row and "answer" in row:  # GSM8K
+        return PromptItem(f"gsm8k-{i}", "gsm8k", str(row["question"]), source)
+    if "text" in row and ("code" in row or "test_list" in row):  # MBPP
+        tests = row.get("test_list") or []
+        text = str(row["text"])
+        if tests:
+            text += "\nYour code should pass this test:\n" + str(tests[0])
+        return PromptItem(f"mbpp-{row.get('task_id', i)}", "mbpp", text, source)
+    if "instruction" in row:  # Alpaca seed tasks
+        text = str(row["instruction"])
+        inst = row.get("instances") or []
+        if inst and isinstance(inst[0], dict) and str(inst[0].get("input", "")).strip():
+            text += "\n\n" + str(inst[0]["input"])
+        return PromptItem(str(row.get("id", f"alpaca-{i}")), "alpaca", text, source)
+    if "prompt" in row:  # specviz examples/prompts.jsonl or any {"prompt": ...} file
+        return PromptItem(str(row.get("id", i)), str(row.get("category", "prompts")),
+                          str(row["prompt"]), source)
+    return None
+
+
+def load_prompts(path: str | Path, limit: int | None = None,
+                 categories: Iterable[str] | None = None) -> list[PromptItem]:
+    """Load prompts from a .jsonl file (formats above) or a plain-text file (one prompt per
+    line; category = file stem). ``limit`` keeps the first N prompts of EACH category."""
+    path = Path(path)
+    if not path.exists():
+        raise SpecvizError(f"prompt file {path} does not exist")
+    if limit is not None and limit <= 0:
+        raise SpecvizError("--limit must be at least 1")
+    items: list[PromptItem] = []
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if path.suffix in (".jsonl", ".json"):
+        for i, line in enumerate(text.splitlines()):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise SpecvizError(f"{path}:{i + 1} is not valid JSON ({exc.msg})") from exc
+            item = _row_to_prompt(row, i, path.name) if isinstance(row, dict) else None
+            if item is None:
+                raise SpecvizError(f"{path}:{i + 1}: unrecognised prompt format "
+                                   "(expected Spec-Bench, GSM8K, MBPP, Alpaca or {'prompt': ...})")
+            items.append(item)
+    else:
+        items = [PromptItem(f"{path.stem}-{i}", path.stem, line.strip(), path.name)
+                 for i, line in enumerate(text.splitlines()) if line.strip()]
+    wanted = set(categories) if categories else None
+    counts: dict[str, int] = defaultdict(int)
+    out = []
+    for it in items:
+        if wanted and it.category not in wanted:
+            continue
+        if limit is not None and counts[it.category] >= limit:
+            continue
+        counts[it.category] += 1
+        out.append(it)
+    if not out:
+        raise SpecvizError(f"no prompts selected from {path}")
+    return out
+
+
+@dataclass
+class BenchRow:
+    prompt_id: str
+    category: str
+    method: str
+    rounds: int
+    new_tokens: int
+    accepted: int
+    tau: float
+    wall_s: float          # prefill + decode
+    decode_s: float
+    identical_to_ar: bool | None = None
+    near_tie: bool | None = None
+
+
+@dataclass
+class BenchResult:
+    rows: list[BenchRow] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+
+    def table(self) -> list[dict]:
+        """Aggregate per (method, category) plus an 'all' row per method."""
+        groups: dict[tuple[str, str], list[BenchRow]] = defaultdict(list)
+        for r in self.rows:
+            groups[(r.method, r.category)].append(r)
+            groups[(r.method, "all")].append(r)
+        ar_wall = {cat: sum(r.wall_s for r in rs) for (m, cat), rs in groups.items() if m == "ar"}
+        out = []
+        methods = list(dict.fromkeys(r.method for r in self.rows))
+        cats = list(dict.fromkeys(r.category for r in self.rows)) + ["all"]
+        for m in methods:
+            for cat in cats:
+                rs = groups.get((m, cat))
+                if not rs:
+                    continue
+                rounds = sum(r.rounds for r in rs)
+                toks = sum(r.new_tokens for r in rs)
+                wall = sum(r.wall_s for r in rs)
+                dec = sum(r.decode_s for r in rs)
+                ident = [r.identical_to_ar for r in rs if r.identical_to_ar is not None]
+                out.append({
+                    "method": m, "category": cat, "prompts": len(rs),
+                    "tau": round(toks / rounds, 3) if rounds else 0.0,
+                    "target_forwards": rounds,
+                    "new_tokens": toks,
+                    "wall_s": round(wall, 2),
+                    "tokens_per_s": round(toks / dec, 2) if dec else 0.0,
+                    "speedup_vs_ar": round(ar_wall[cat] / wall, 3) if cat in ar_wall and wall else None,
+                    "identical_to_ar": f"{sum(ident)}/{len(ident)}" if ident else "",
+                })
+        return out
+
+    def save(self, out_dir: str | Path) -> dict[str, Path]:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = {"table_csv": out / "bench_table.csv", "rows_csv": out / "bench_rows.csv",
+                 "json": out / "bench.json"}
+        table = self.table()
+        _write_csv(paths["table_csv"], table)
+        _write_csv(paths["rows_csv"], [asdict(r) for r in self.rows])
+        paths["json"].write_text(json.dumps({"meta": self.meta, "table": table,
+                                             "rows": [asdict(r) for r in self.rows]}, indent=1))
+        return paths
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    if not rows:
+        path.write_text("")
+        return
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def format_table(table: list[dict]) -> str:
+    """Plain-text (markdown) rendering of :meth:`BenchResult.table`."""
+    if not table:
+        return "(empty)"
+    cols = list(table[0].keys())
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in table:
+        lines.append("| " + " | ".join("" if row[c] is None else str(row[c]) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def run_bench(target, methods: list[str], prompts: list[PromptItem], settings,
+              method_params: dict[str, dict] | None = None,
+              progress: Callable[[int, int, str], None] | None = None,
+              check_near_ties: bool = True) -> BenchResult:
+    """Run AR plus every method on every prompt (interleaved), returning per-prompt rows."""
+    from .analysis.stats import compare_outputs
+    from .drafters import make_drafter
+    from .engine import Session
+
+    methods = [m.strip().lower() for m in methods if m.strip()]
+    if "ar" in methods:
+        methods.remove("ar")
+    methods = ["ar"] + methods
+    method_params = method_params or {}
+    for m in methods:  # fail fast on unknown methods / bad params before any decoding
+        make_drafter(m, target, **method_params.get(m, {}))
+    result = BenchResult(meta={"model": target.name, "methods": methods,
+                               "settings": asdict(settings), "prompts": len(prompts),
+                               "device": target.device, "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    total = len(methods) * len(prompts)
+    done = 0
+    for item in prompts:
+        ar_ids = None
+        for m in methods:
+            drafter = make_drafter(m, target, **method_params.get(m, {}))
+            t0 = time.perf_counter()
+            sess = Session(target, drafter, item.text, settings, method=m)
+            sess.run()
+            wall = time.perf_counter() - t0
+            out_ids = sess.generated
+            row = BenchRow(prompt_id=item.id, category=item.category, method=m,
+                           rounds=len(sess.rounds), new_tokens=len(out_ids),
+                           accepted=sum(r.accepted for r in sess.rounds),
+                           tau=(len(out_ids) / len(sess.rounds)) if sess.rounds else 0.0,
+                           wall_s=wall, decode_s=sum(r.t_draft + r.t_verify for r in sess.rounds))
+            if m == "ar":
+                ar_ids = out_ids
+            elif settings.greedy:
+                rep = compare_outputs(target, sess.prompt_ids, ar_ids, out_ids) \
+                    if check_near_ties else None
+                row.identical_to_ar = out_ids == ar_ids
+                row.near_tie = bool(rep and rep.near_tie)
+            result.rows.append(row)
+            done += 1
+            if progress:
+                progress(done, total, f"{m} on {item.id}")
+    return result

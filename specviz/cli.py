@@ -1,0 +1,203 @@
+"""Command line: ``python -m specviz run | bench | show | prepare``.
+
+``run`` decodes one prompt and prints the text coloured by what happened to each token
+(green: accepted draft token, yellow: the target's correction, cyan: bonus token after a fully
+accepted draft, red struck-through: the rejected suffix, shown where it was rejected).
+Every user error prints one line ``error: ...`` and exits with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from .errors import SpecvizError
+
+GREEN, YELLOW, CYAN, RED, DIM, STRIKE, BOLD, RESET = (
+    "\x1b[32m", "\x1b[33m", "\x1b[36m", "\x1b[31m", "\x1b[2m", "\x1b[9m", "\x1b[1m", "\x1b[0m")
+
+
+def _parse_params(pairs: list[str] | None) -> dict:
+    """``--param key=value`` pairs → dict (values parsed as JSON where possible)."""
+    out = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise SpecvizError(f"--param expects key=value, got '{pair}'")
+        k, v = pair.split("=", 1)
+        try:
+            out[k.strip()] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k.strip()] = v
+    return out
+
+
+def render_terminal(trace, color: bool = True, show_rejected: bool = True) -> str:
+    """The generated text with each token coloured by its fate in its round."""
+    tt = trace.token_texts
+    parts = []
+    for r in trace.rounds:
+        n_acc = r.accepted
+        for t in r.committed[:n_acc]:
+            parts.append((GREEN, tt.get(t, "")))
+        if show_rejected and r.rejected_suffix and not r.is_tree:
+            parts.append((RED + DIM + STRIKE, "".join(tt.get(t, "") for t in r.rejected_suffix)))
+        if len(r.committed) > n_acc:
+            parts.append((CYAN if r.bonus else YELLOW, tt.get(r.committed[n_acc], "")))
+    if not color:
+        return "".join(text for style, text in parts if not style.startswith(RED))
+    return "".join(f"{style}{text}{RESET}" for style, text in parts)
+
+
+def _print_summary(trace, file=sys.stdout) -> None:
+    s = trace.summary()
+    print(f"\nmethod={s['method']}  tau={s['tau']:.2f}  rounds(target forwards)={s['rounds']}  "
+          f"new tokens={s['new_tokens']}  decode {s['decode_time_s']:.2f}s  "
+          f"({s['tokens_per_s']:.1f} tok/s)  stop={trace.meta.get('stop_reason')}", file=file)
+
+
+def cmd_prepare(args) -> int:
+    from .models import embedded_model_dir
+
+    path = embedded_model_dir()
+    print(f"embedded model ready: {path}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from .drafters import make_drafter
+    from .engine import DecodeSettings, Session
+    from .models import load_target
+
+    prompt = args.prompt
+    if args.prompt_file:
+        p = Path(args.prompt_file)
+        if not p.exists():
+            raise SpecvizError(f"prompt file {p} does not exist")
+        prompt = p.read_text(encoding="utf-8", errors="replace")
+    if prompt is None:
+        raise SpecvizError("give a prompt with --prompt TEXT or --prompt-file FILE")
+    settings = DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                              top_p=args.top_p, seed=args.seed,
+                              chat_template=False if args.no_chat_template else None).validate()
+    if not prompt.strip():
+        raise SpecvizError("the prompt is empty")
+    target = load_target(args.model, device=args.device)
+    drafter = make_drafter(args.method, target, **_parse_params(args.param))
+    sess = Session(target, drafter, prompt, settings, method=args.method)
+    trace = sess.run()
+    color = sys.stdout.isatty() and not args.no_color and not os.environ.get("NO_COLOR") \
+        or args.color
+    print(render_terminal(trace, color=color, show_rejected=not args.hide_rejected))
+    _print_summary(trace)
+    if args.save:
+        path = trace.save(args.save)
+        print(f"trace saved to {path}")
+    return 0
+
+
+def cmd_show(args) -> int:
+    from .trace import Trace
+
+    trace = Trace.load(args.trace)
+    color = sys.stdout.isatty() and not args.no_color or args.color
+    print(render_terminal(trace, color=color, show_rejected=not args.hide_rejected))
+    _print_summary(trace)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from tqdm.auto import tqdm
+
+    from .bench import format_table, load_prompts, run_bench
+    from .engine import DecodeSettings
+    from .models import load_target
+
+    settings = DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                              top_p=args.top_p, seed=args.seed).validate()
+    prompts = []
+    for d in args.data:
+        prompts += load_prompts(d, limit=args.limit,
+                                categories=args.categories.split(",") if args.categories else None)
+    methods = [m for m in args.methods.split(",") if m.strip()]
+    params = json.loads(args.params) if args.params else {}
+    if not isinstance(params, dict):
+        raise SpecvizError("--params must be a JSON object like '{\"pld\": {\"num_output_tokens\": 5}}'")
+    target = load_target(args.model, device=args.device)
+    bar = tqdm(total=len(prompts) * len(set(methods) | {"ar"}), desc="bench", unit="run")
+
+    def progress(done, total, what):
+        bar.total = total
+        bar.n = done
+        bar.set_postfix_str(what)
+        bar.refresh()
+
+    result = run_bench(target, methods, prompts, settings, method_params=params, progress=progress)
+    bar.close()
+    paths = result.save(args.out)
+    print(format_table(result.table()))
+    print("written: " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m specviz",
+                                 description="Speculative decoding, step by step.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def common(p):
+        p.add_argument("--model", default="default",
+                       help="'default' (embedded SmolLM2-135M-Instruct), a HF id or a local folder")
+        p.add_argument("--device", default=None, help="cpu / cuda (default: cuda if present)")
+        p.add_argument("--max-new-tokens", type=int, default=128)
+        p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+        p.add_argument("--top-p", type=float, default=1.0)
+        p.add_argument("--seed", type=int, default=0)
+
+    p = sub.add_parser("run", help="decode one prompt and show accepted/rejected tokens")
+    common(p)
+    p.add_argument("--method", default="pld")
+    p.add_argument("--prompt")
+    p.add_argument("--prompt-file")
+    p.add_argument("--param", action="append", help="method setting key=value (repeatable)")
+    p.add_argument("--no-chat-template", action="store_true")
+    p.add_argument("--save", help="write the trace JSON here")
+    p.add_argument("--color", action="store_true", help="force colours")
+    p.add_argument("--no-color", action="store_true")
+    p.add_argument("--hide-rejected", action="store_true", help="do not print rejected suffixes")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("show", help="print a saved trace")
+    p.add_argument("trace")
+    p.add_argument("--color", action="store_true")
+    p.add_argument("--no-color", action="store_true")
+    p.add_argument("--hide-rejected", action="store_true")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("bench", help="run methods side by side with the AR baseline")
+    common(p)
+    p.add_argument("--methods", default="ar,pld")
+    p.add_argument("--data", action="append", required=True,
+                   help="prompt file (Spec-Bench, GSM8K, MBPP, Alpaca jsonl, examples, or .txt); repeatable")
+    p.add_argument("--limit", type=int, default=None, help="first N prompts per category")
+    p.add_argument("--categories", default=None, help="comma-separated categories to keep")
+    p.add_argument("--params", default=None, help="JSON: per-method settings")
+    p.add_argument("--out", default="bench-out")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("prepare", help="convert and cache the embedded model")
+    p.set_defaults(func=cmd_prepare)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SpecvizError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

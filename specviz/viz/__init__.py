@@ -1,0 +1,22 @@
+"""Views of a Trace: token HTML, Plotly figures, pandas tables and the numbers behind them.
+
+Pure functions of a :class:`~specviz.trace.Trace` (no streamlit, no model): a trace uploaded
+from a file renders exactly like the live run that produced it.
+"""
+from .charts import fig_accepted_hist, fig_compare, fig_position_acceptance, fig_round_lengths
+from .stats import (PositionStat, SpeedupEstimate, accepted_lengths, draft_depth, live_metrics,
+                    position_acceptance, round_kind, speedup_estimate, trace_prefix)
+from .tables import (CompareRun, compare_runs_table, compare_summary_table, describe_extras,
+                     join_tokens, position_table, rounds_table, to_csv_bytes)
+from .tokens import (KIND_LABELS, TOKEN_CSS, TokenView, legend_html, round_views, token_views,
+                     tokens_html, visible_text)
+
+__all__ = [
+    "fig_accepted_hist", "fig_compare", "fig_position_acceptance", "fig_round_lengths",
+    "PositionStat", "SpeedupEstimate", "accepted_lengths", "draft_depth", "live_metrics",
+    "position_acceptance", "round_kind", "speedup_estimate", "trace_prefix",
+    "CompareRun", "compare_runs_table", "compare_summary_table", "describe_extras", "join_tokens",
+    "position_table", "rounds_table", "to_csv_bytes",
+    "KIND_LABELS", "TOKEN_CSS", "TokenView", "legend_html", "round_views", "token_views",
+    "tokens_html", "visible_text",
+]

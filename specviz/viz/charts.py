@@ -1,0 +1,101 @@
+"""Plotly figures built from a Trace (accepted length per round, per-position acceptance,
+histogram of accepted lengths) and from the Compare page's summary table."""
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from ..trace import Trace
+from .stats import accepted_lengths, position_acceptance, round_kind
+from .tokens import CHART_COLORS
+
+_FONT = dict(family="Inter, system-ui, sans-serif", size=12, color="#1e293b")
+
+
+def _layout(fig: go.Figure, title: str, xtitle: str, ytitle: str, height: int = 300) -> go.Figure:
+    fig.update_layout(
+        title=dict(text=title, x=0.0, xanchor="left", font=dict(size=14)),
+        template="plotly_white", height=height, font=_FONT,
+        margin=dict(l=50, r=15, t=45, b=45), bargap=0.15,
+        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0),
+        xaxis_title=xtitle, yaxis_title=ytitle)
+    return fig
+
+
+def fig_round_lengths(trace: Trace, selected_round: int | None = None) -> go.Figure:
+    """Per round: accepted draft tokens, the target's own token (+1) and the rejected suffix."""
+    rounds = trace.rounds
+    x = [r.index + 1 for r in rounds]
+    acc = [r.accepted for r in rounds]
+    tgt = [1 if len(r.committed) > r.accepted else 0 for r in rounds]
+    rej = [len(r.rejected_suffix) for r in rounds]
+    kinds = [round_kind(r) for r in rounds]
+    fig = go.Figure()
+    fig.add_bar(x=x, y=acc, name="accepted", marker_color=CHART_COLORS["accepted"],
+                hovertemplate="round %{x}: %{y} accepted<extra></extra>")
+    fig.add_bar(x=x, y=tgt, name="target token", marker_color=CHART_COLORS["target"],
+                customdata=kinds,
+                hovertemplate="round %{x}: target token (%{customdata})<extra></extra>")
+    fig.add_bar(x=x, y=rej, name="rejected", marker_color=CHART_COLORS["rejected"],
+                marker_pattern_shape="/", opacity=0.55,
+                hovertemplate="round %{x}: %{y} rejected<extra></extra>")
+    fig.update_layout(barmode="stack")
+    if rounds:
+        tau = trace.tau
+        fig.add_hline(y=tau, line_dash="dot", line_color="#334155",
+                      annotation_text=f"tau = {tau:.2f}", annotation_position="top left")
+    if selected_round is not None and 0 <= selected_round < len(rounds):
+        fig.add_vrect(x0=selected_round + 0.5, x1=selected_round + 1.5, fillcolor="#0f172a",
+                      opacity=0.07, line_width=0)
+    _layout(fig, "Tokens per round (accepted + target token = committed)", "round", "tokens")
+    fig.update_xaxes(rangemode="tozero")
+    return fig
+
+
+def fig_position_acceptance(trace: Trace) -> go.Figure:
+    """Acceptance rate at each draft position, given that the position was reached."""
+    stats = position_acceptance(trace)
+    x = [s.position for s in stats]
+    y = [s.rate for s in stats]
+    fig = go.Figure()
+    fig.add_bar(x=x, y=y, marker_color=CHART_COLORS["rate"],
+                customdata=[[s.accepted, s.reached] for s in stats],
+                text=[f"{s.accepted}/{s.reached}" if s.reached else "" for s in stats],
+                textposition="outside", cliponaxis=False,
+                hovertemplate="position %{x}: %{customdata[0]} of %{customdata[1]} rounds "
+                              "that reached it accepted it<extra></extra>")
+    _layout(fig, "Acceptance rate per draft position (given the position was reached)",
+            "draft position", "P(accept | reached)")
+    fig.update_yaxes(range=[0, 1.12], tickformat=".0%")
+    fig.update_xaxes(dtick=1)
+    return fig
+
+
+def fig_accepted_hist(trace: Trace) -> go.Figure:
+    """How many rounds accepted 0, 1, 2, ... draft tokens."""
+    lengths = accepted_lengths(trace)
+    top = max(lengths, default=0)
+    counts = [lengths.count(k) for k in range(top + 1)]
+    fig = go.Figure()
+    fig.add_bar(x=list(range(top + 1)), y=counts, marker_color=CHART_COLORS["hist"],
+                hovertemplate="%{y} round(s) accepted %{x} token(s)<extra></extra>")
+    _layout(fig, "Histogram of accepted lengths", "accepted draft tokens in a round", "rounds")
+    fig.update_xaxes(dtick=1)
+    return fig
+
+
+def fig_compare(summary: pd.DataFrame) -> go.Figure:
+    """Speedup vs plain decoding (measured) and tau, one bar pair per method."""
+    fig = go.Figure()
+    if not summary.empty:
+        fig.add_bar(x=summary["method"], y=summary["speedup_vs_ar"], name="speedup vs AR",
+                    marker_color=CHART_COLORS["accepted"],
+                    text=[f"{v:.2f}×" if pd.notna(v) else "" for v in summary["speedup_vs_ar"]],
+                    textposition="outside", cliponaxis=False)
+        fig.add_bar(x=summary["method"], y=summary["tau"], name="tau (tokens / forward)",
+                    marker_color=CHART_COLORS["rate"],
+                    text=[f"{v:.2f}" for v in summary["tau"]], textposition="outside",
+                    cliponaxis=False)
+        fig.add_hline(y=1.0, line_dash="dot", line_color="#64748b")
+    fig.update_layout(barmode="group")
+    return _layout(fig, "Measured speedup vs plain decoding, and tau", "method", "")

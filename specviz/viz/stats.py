@@ -1,0 +1,139 @@
+"""Statistics shown by the app, computed from a :class:`~specviz.trace.Trace` only.
+
+Speculative decoding §0: tau = mean(accepted + 1) over rounds, one target forward per round.
+Everything here is a pure function of the trace, so an uploaded trace shows the same numbers
+as the live run that produced it.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+
+from ..trace import Round, Trace
+
+
+def trace_prefix(trace: Trace, n_rounds: int | None) -> Trace:
+    """The trace as it was after its first ``n_rounds`` rounds (for scrubbing back in time)."""
+    if n_rounds is None or n_rounds >= len(trace.rounds):
+        return trace
+    n = max(0, int(n_rounds))
+    return replace(trace, rounds=list(trace.rounds[:n]))
+
+
+def draft_depth(r: Round) -> int:
+    """How deep the draft goes: its length for a chain, the deepest node for a tree."""
+    if not r.draft:
+        return 0
+    if r.parents is None:
+        return len(r.draft)
+    depth: list[int] = []
+    for p in r.parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return max(depth)
+
+
+def round_kind(r: Round) -> str:
+    """``nodraft`` (a plain decoding step), ``bonus`` (whole draft accepted) or ``correction``."""
+    if not r.draft:
+        return "nodraft"
+    if r.accepted >= draft_depth(r):
+        return "bonus"
+    return "correction"
+
+
+def accepted_lengths(trace: Trace) -> list[int]:
+    """Accepted draft tokens per round (0 .. draft depth)."""
+    return [int(r.accepted) for r in trace.rounds]
+
+
+@dataclass
+class PositionStat:
+    position: int   # 1-based draft position
+    reached: int    # rounds whose draft had this position and accepted every position before it
+    accepted: int   # ... of which the token at this position was accepted too
+
+    @property
+    def rate(self) -> float | None:
+        return self.accepted / self.reached if self.reached else None
+
+
+def position_acceptance(trace: Trace) -> list[PositionStat]:
+    """Acceptance rate per draft position, conditional on reaching that position.
+
+    Position k is *reached* in a round when the draft is at least k deep and positions
+    1..k-1 were all accepted; it is *accepted* when the round accepted at least k tokens.
+    Rounds without a draft contribute nothing.
+    """
+    depths = [draft_depth(r) for r in trace.rounds]
+    max_k = max(depths, default=0)
+    out = []
+    for k in range(1, max_k + 1):
+        reached = sum(1 for r, d in zip(trace.rounds, depths) if d >= k and r.accepted >= k - 1)
+        acc = sum(1 for r, d in zip(trace.rounds, depths) if d >= k and r.accepted >= k)
+        out.append(PositionStat(position=k, reached=reached, accepted=acc))
+    return out
+
+
+@dataclass
+class SpeedupEstimate:
+    value: float | None
+    step_time: float | None    # estimated time of one plain decoding step (s)
+    round_time: float | None   # median time of one speculative round (s)
+    basis: str                 # how step_time was obtained
+
+    def explain(self) -> str:
+        if self.value is None:
+            return "No rounds yet."
+        return ("Estimated from this run alone as (new tokens per round) × (time of one plain "
+                f"decoding step, {self.step_time * 1000:.0f} ms) ÷ (median round time, "
+                f"{self.round_time * 1000:.0f} ms). The step time is {self.basis}. "
+                "The Compare page measures the real speedup against plain decoding.")
+
+
+def speedup_estimate(trace: Trace) -> SpeedupEstimate:
+    """Speedup over plain decoding, estimated from this trace alone.
+
+    A plain decoding step costs about one target forward over one token. Rounds with an empty
+    draft are exactly such steps, so their median time is the step time; without any, the
+    median verify time is used (assuming verifying k tokens costs about as much as one token:
+    the estimate is then close to tau). Medians keep one slow round (a busy CPU, the first
+    call's warm-up) from dominating the estimate.
+    """
+    rounds = trace.rounds
+    if not rounds:
+        return SpeedupEstimate(None, None, None, "")
+    times = [r.t_draft + r.t_verify for r in rounds]
+    round_time = statistics.median(times)
+    if round_time <= 0:
+        return SpeedupEstimate(None, None, None, "")
+    plain = [t for r, t in zip(rounds, times) if not r.draft]
+    if plain:
+        step = statistics.median(plain)
+        basis = f"the median of this run's {len(plain)} round(s) without a draft"
+    else:
+        step = statistics.median(r.t_verify for r in rounds)
+        basis = ("the median verify time of this run's rounds (no round without a draft yet, "
+                 "so this assumes verifying a draft costs about one plain step)")
+    per_round = trace.new_tokens / len(rounds)
+    return SpeedupEstimate(per_round * step / round_time, step, round_time, basis)
+
+
+def live_metrics(trace: Trace) -> dict:
+    """The headline numbers of a (partial) run."""
+    est = speedup_estimate(trace)
+    drafted = sum(len(r.draft) for r in trace.rounds)
+    accepted = sum(r.accepted for r in trace.rounds)
+    return {
+        "rounds": trace.num_rounds,
+        "target_forwards": trace.target_forwards,
+        "new_tokens": trace.new_tokens,
+        "tau": trace.tau,
+        "tokens_per_s": trace.tokens_per_s,
+        "decode_time": trace.decode_time,
+        "prefill_time": float(trace.meta.get("prefill_time") or 0.0),
+        "speedup_est": est.value,
+        "speedup_explain": est.explain(),
+        "drafted": drafted,
+        "accepted": accepted,
+        "draft_acceptance": accepted / drafted if drafted else None,
+    }

@@ -1,0 +1,261 @@
+"""Token-by-token rendering of a trace (speculative decoding §0, steps 3-4).
+
+Every generated token is drawn as a box whose colour says where it came from:
+
+* ``tok accepted``           — a draft token the target accepted,
+* ``tok bonus t-correction`` — the target's own token at the first mismatch (a correction),
+* ``tok bonus t-bonus``      — the target's own token after a fully accepted draft (a bonus),
+* ``tok bonus t-nodraft``    — the target's own token in a round without a draft,
+* ``tok rejected``           — a draft token of the round's rejected suffix (never committed),
+  drawn struck-through right where it was rejected (before the correction that replaced it).
+
+Hovering a box shows its round, position and the drafter / target probabilities. The spans are
+built from a :class:`~specviz.trace.Trace` only (``token_views`` gives the same data as records,
+for tests and tables).
+"""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+from ..trace import Round, Trace
+from .stats import round_kind
+
+KIND_LABELS = {
+    "accepted": "accepted draft token",
+    "correction": "target token: correction (replaces the first rejected draft token)",
+    "bonus": "target token: bonus (the whole draft was accepted)",
+    "nodraft": "target token: no draft this round (a plain decoding step)",
+    "rejected": "rejected draft token (never committed)",
+}
+
+# colours: (background, border, text); chosen for contrast on white and for colour-blind users
+# (rejected tokens are also struck through and dashed, so they never rely on colour alone)
+PALETTE = {
+    "accepted": ("#d1fae5", "#059669", "#064e3b"),
+    "correction": ("#fef3c7", "#d97706", "#78350f"),
+    "bonus": ("#dbeafe", "#2563eb", "#1e3a8a"),
+    "nodraft": ("#f1f5f9", "#94a3b8", "#1e293b"),
+    "rejected": ("#fee2e2", "#dc2626", "#991b1b"),
+}
+
+CHART_COLORS = {
+    "accepted": "#10b981",
+    "target": "#f59e0b",
+    "rejected": "#f87171",
+    "rate": "#2563eb",
+    "hist": "#6366f1",
+}
+
+
+@dataclass
+class TokenView:
+    """One drawn token."""
+
+    kind: str                  # accepted | correction | bonus | nodraft | rejected
+    token_id: int
+    text: str
+    round: int
+    position: int              # absolute position (prompt included)
+    output_index: int          # position - prompt_len (0 = first generated token)
+    q: float | None = None     # drafter probability (None: point mass / not recorded)
+    p: float | None = None     # target probability of this token (None: not recorded)
+    target_argmax: int | None = None  # what the target predicted at this position
+    selected: bool = False     # belongs to the highlighted round
+
+    @property
+    def css_class(self) -> str:
+        if self.kind == "accepted":
+            base = "tok accepted"
+        elif self.kind == "rejected":
+            base = "tok rejected"
+        else:
+            base = f"tok bonus t-{self.kind}"
+        return base + (" sel" if self.selected else "")
+
+
+def _get(lst, i):
+    try:
+        v = lst[i]
+    except (IndexError, TypeError):
+        return None
+    return v
+
+
+def _node_row(r: Round, node: int) -> int:
+    """Row of the verify forward whose output predicts draft node ``node``."""
+    if r.parents is None:
+        return node
+    return int(r.parents[node]) + 1
+
+
+def _rejected_nodes(r: Round) -> list[int]:
+    if r.parents is None:
+        return list(range(r.accepted, len(r.draft)))
+    on_path = set(r.accepted_path)
+    return [i for i in range(len(r.draft)) if i not in on_path]
+
+
+def _node_depth(r: Round, node: int) -> int:
+    if r.parents is None:
+        return node
+    d = 0
+    while node >= 0:
+        node = int(r.parents[node])
+        d += 1
+    return d - 1
+
+
+def round_views(r: Round, prompt_len: int, texts: dict[int, str], show_rejected: bool = True,
+                selected: bool = False) -> list[TokenView]:
+    """The tokens of one round in reading order: accepted, rejected suffix, target token."""
+    kind = round_kind(r)
+    out: list[TokenView] = []
+    committed = list(r.committed)
+    path = list(r.accepted_path) if r.parents is not None else list(range(r.accepted))
+
+    def view(k, tid, pos, q=None, p=None, amax=None):
+        return TokenView(kind=k, token_id=int(tid), text=texts.get(int(tid), f"<{tid}>"),
+                         round=r.index, position=pos, output_index=pos - prompt_len, q=q, p=p,
+                         target_argmax=amax, selected=selected)
+
+    n_acc = min(r.accepted, len(committed))
+    for j in range(n_acc):
+        node = path[j] if j < len(path) else j
+        out.append(view("accepted", committed[j], r.start + j, q=_get(r.q_draft, node),
+                        p=_get(r.p_draft, node),
+                        amax=_get(r.target_argmax, _node_row(r, node))))
+    if show_rejected:
+        for node in _rejected_nodes(r):
+            row = _node_row(r, node)
+            out.append(view("rejected", r.draft[node], r.start + _node_depth(r, node),
+                            q=_get(r.q_draft, node), p=_get(r.p_draft, node),
+                            amax=_get(r.target_argmax, row)))
+    if len(committed) > r.accepted:
+        tid = committed[r.accepted]
+        if r.parents is None:
+            row = r.accepted
+        else:
+            row = (int(path[-1]) + 1) if path else 0
+        amax = _get(r.target_argmax, row)
+        p = _get(r.target_argmax_prob, row) if amax == tid else None
+        out.append(view(kind, tid, r.start + r.accepted, p=p, amax=amax))
+    return out
+
+
+def token_views(trace: Trace, rejected: str = "all",
+                selected_round: int | None = None) -> list[TokenView]:
+    """All drawn tokens of ``trace``. ``rejected``: ``all`` rounds, ``selected`` round, ``none``."""
+    if rejected not in ("all", "selected", "none"):
+        raise ValueError("rejected must be 'all', 'selected' or 'none'")
+    prompt_len = int(trace.meta.get("prompt_len") or len(trace.prompt_ids))
+    out: list[TokenView] = []
+    for r in trace.rounds:
+        sel = selected_round is not None and r.index == selected_round
+        show = rejected == "all" or (rejected == "selected" and sel)
+        out.extend(round_views(r, prompt_len, trace.token_texts, show, sel))
+    return out
+
+
+def visible_text(text: str) -> str:
+    """Token text with whitespace made visible (escaped for HTML)."""
+    if text == "":
+        return "∅"
+    s = html.escape(text, quote=False)
+    s = s.replace("\t", "⇥").replace("\r", "").replace("\n", "↵")
+    return s
+
+
+def _fmt_prob(x) -> str:
+    return "—" if x is None else f"{float(x):.3f}"
+
+
+def token_title(v: TokenView, texts: dict[int, str]) -> str:
+    lines = [f"Round {v.round + 1} · position {v.position} (output token {v.output_index + 1})",
+             KIND_LABELS.get(v.kind, v.kind),
+             f"token {v.token_id}: {texts.get(v.token_id, '')!r}"]
+    if v.kind in ("accepted", "rejected"):
+        q = "point mass (deterministic draft)" if v.q is None else _fmt_prob(v.q)
+        lines.append(f"drafter prob q: {q}")
+        lines.append(f"target prob p: {_fmt_prob(v.p)}")
+        if v.kind == "rejected" and v.target_argmax is not None:
+            lines.append(f"target's top token here: {texts.get(v.target_argmax, '')!r}")
+    else:
+        lines.append("drafter prob q: — (the target's own token)")
+        lines.append(f"target prob p: {_fmt_prob(v.p)}")
+    return "\n".join(lines)
+
+
+TOKEN_CSS = """
+<style>
+.specviz-tokens{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:0.86rem;
+ line-height:2.05;padding:0.7rem 0.8rem;border:1px solid #e2e8f0;border-radius:0.5rem;
+ background:#ffffff;max-height:28rem;overflow-y:auto;word-break:break-word;}
+.specviz-tokens .tok{display:inline-block;white-space:pre;margin:0 1px;padding:0 3px;
+ border:1px solid;border-radius:4px;line-height:1.45;cursor:default;}
+.specviz-tokens .tok.accepted{background:#d1fae5;border-color:#059669;color:#064e3b;}
+.specviz-tokens .tok.bonus.t-correction{background:#fef3c7;border-color:#d97706;color:#78350f;
+ font-weight:600;}
+.specviz-tokens .tok.bonus.t-bonus{background:#dbeafe;border-color:#2563eb;color:#1e3a8a;
+ font-weight:600;}
+.specviz-tokens .tok.bonus.t-nodraft{background:#f1f5f9;border-color:#94a3b8;color:#1e293b;}
+.specviz-tokens .tok.rejected{background:#fee2e2;border:1px dashed #dc2626;color:#991b1b;
+ text-decoration:line-through;text-decoration-thickness:1.5px;opacity:0.8;font-size:0.8em;}
+.specviz-tokens .tok.sel{box-shadow:0 0 0 2px #0f172a;}
+.specviz-tokens .rsep{display:inline-block;width:2px;height:1.25em;background:#cbd5e1;
+ margin:0 3px;vertical-align:middle;border-radius:1px;}
+.specviz-tokens .prompt-note{color:#64748b;font-style:italic;}
+.specviz-legend{display:flex;flex-wrap:wrap;gap:0.35rem 1rem;font-size:0.82rem;color:#334155;
+ margin:0.2rem 0 0.5rem 0;align-items:center;}
+.specviz-legend .tok{display:inline-block;padding:0 5px;border:1px solid;border-radius:4px;
+ font-family:ui-monospace,monospace;margin-right:0.3rem;line-height:1.45;}
+.specviz-legend .tok.accepted{background:#d1fae5;border-color:#059669;color:#064e3b;}
+.specviz-legend .tok.bonus.t-correction{background:#fef3c7;border-color:#d97706;color:#78350f;}
+.specviz-legend .tok.bonus.t-bonus{background:#dbeafe;border-color:#2563eb;color:#1e3a8a;}
+.specviz-legend .tok.bonus.t-nodraft{background:#f1f5f9;border-color:#94a3b8;color:#1e293b;}
+.specviz-legend .tok.rejected{background:#fee2e2;border:1px dashed #dc2626;color:#991b1b;
+ text-decoration:line-through;}
+.specviz-legend .rsep{display:inline-block;width:2px;height:1.1em;background:#cbd5e1;
+ margin-right:0.4rem;vertical-align:middle;}
+</style>
+"""
+
+
+def tokens_html(trace: Trace, rejected: str = "all", selected_round: int | None = None,
+                include_css: bool = True) -> str:
+    """The generated text as HTML token spans (see the module docstring for the classes)."""
+    views = token_views(trace, rejected, selected_round)
+    texts = trace.token_texts
+    parts = [TOKEN_CSS if include_css else "", '<div class="specviz-tokens">']
+    if not views:
+        parts.append('<span class="prompt-note">No tokens yet: press <b>Next round</b> to run '
+                     'the first speculative round.</span>')
+    last_round = None
+    for v in views:
+        if last_round is not None and v.round != last_round:
+            parts.append(f'<span class="rsep" title="round {v.round + 1} starts"></span>')
+        last_round = v.round
+        title = html.escape(token_title(v, texts), quote=True).replace("\n", "&#10;")
+        parts.append(f'<span class="{v.css_class}" title="{title}" data-round="{v.round}" '
+                     f'data-pos="{v.position}">{visible_text(v.text)}</span>')
+        if "\n" in v.text and v.kind != "rejected":
+            parts.append("<br>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def legend_html(include_css: bool = False) -> str:
+    """A colour legend for :func:`tokens_html`."""
+    items = [
+        ("tok accepted", "the", "accepted draft token"),
+        ("tok bonus t-correction", "the", "target's token: correction at the first mismatch"),
+        ("tok bonus t-bonus", "the", "target's token: bonus after a fully accepted draft"),
+        ("tok bonus t-nodraft", "the", "target's token, no draft (plain step)"),
+        ("tok rejected", "the", "rejected draft token (never committed)"),
+    ]
+    parts = [TOKEN_CSS if include_css else "", '<div class="specviz-legend">']
+    for cls, sample, label in items:
+        parts.append(f'<span><span class="{cls}">{sample}</span>{html.escape(label)}</span>')
+    parts.append('<span><span class="rsep"></span>round boundary · hover a token for details'
+                 '</span></div>')
+    return "".join(parts)

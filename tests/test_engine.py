@@ -1,0 +1,263 @@
+"""Engine on tiny random models: greedy losslessness, tree = separate branches, sampling keeps p,
+traces round-trip, bad input fails with clear errors."""
+import random
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specviz.analysis.stats import compare_outputs
+from specviz.drafters import Draft, Drafter, make_drafter
+from specviz.drafters.pld import PLDDrafter
+from specviz.engine import DecodeSettings, Session, generate
+from specviz.errors import PromptError, SettingsError, SpecvizError, TraceError
+from specviz.trace import Trace
+from specviz.tree import TokenTree
+
+from conftest import make_tiny_target
+
+
+def _hf_greedy(target, ids, n):
+    out = target.model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
+                                eos_token_id=list(target.eos_token_ids),
+                                pad_token_id=list(target.eos_token_ids)[0])
+    return out[0, len(ids):].tolist()
+
+
+def _repetitive_prompt(rng, vocab, length):
+    base = [rng.randrange(3, vocab) for _ in range(rng.randint(3, 8))]
+    ids = []
+    while len(ids) < length:
+        ids += base if rng.random() < 0.7 else [rng.randrange(3, vocab)]
+    return ids[:length]
+
+
+def test_ar_session_equals_hf_generate(tiny_target):
+    rng = random.Random(0)
+    for _ in range(5):
+        ids = [rng.randrange(3, 64) for _ in range(rng.randint(1, 20))]
+        tr = generate(tiny_target, "ar", ids, DecodeSettings(max_new_tokens=24))
+        assert tr.output_ids == _hf_greedy(tiny_target, ids, 24)
+        assert tr.tau == 1.0 and tr.target_forwards == len(tr.output_ids)
+
+
+def test_pld_greedy_lossless_on_many_random_prompts(tiny_target):
+    rng = random.Random(1)
+    accepted_total = 0
+    for i in range(40):
+        ids = _repetitive_prompt(rng, 64, rng.randint(4, 60))
+        s = DecodeSettings(max_new_tokens=32)
+        ar = generate(tiny_target, "ar", ids, s)
+        pld = generate(tiny_target, "pld", ids, s, num_output_tokens=rng.randint(1, 12))
+        rep = compare_outputs(tiny_target, ids, ar.output_ids, pld.output_ids)
+        assert rep.ok, f"prompt {i}: diverged at {rep.first_divergence} (gap {rep.top2_gap})"
+        accepted_total += sum(r.accepted for r in pld.rounds)
+        assert pld.target_forwards <= ar.target_forwards
+    assert accepted_total > 50  # the drafts were actually used, not all rejected
+
+
+class FixedTreeDrafter(Drafter):
+    """Proposes a fixed set of branches (as a tree) every round: for tests."""
+
+    name = "fixed-tree"
+
+    def __init__(self, branches_fn):
+        self.branches_fn = branches_fn
+
+    def propose(self, ctx):
+        tree = TokenTree.from_sequences(self.branches_fn(ctx.tokens), max_nodes=64)
+        return Draft(tokens=tree.tokens, parents=tree.parents)
+
+
+def test_tree_verification_equals_verifying_each_branch(tiny_target):
+    """One tree forward accepts the same path as the best of the branches verified one by one."""
+    rng = random.Random(2)
+    for trial in range(10):
+        ids = [rng.randrange(3, 64) for _ in range(rng.randint(2, 15))]
+        truth = _hf_greedy(tiny_target, ids, 12)
+        k = rng.randint(0, 5)
+        branches = [truth[:k] + [rng.randrange(3, 64) for _ in range(3)],
+                    [rng.randrange(3, 64) for _ in range(4)],
+                    truth[:max(0, k - 2)] + [rng.randrange(3, 64)]]
+        sess = Session(tiny_target, FixedTreeDrafter(lambda toks: branches), ids,
+                       DecodeSettings(max_new_tokens=12))
+        rnd = sess.step()
+        separate = []
+        for b in branches:  # verify each branch on its own, as a chain
+            r2 = Session(tiny_target, FixedTreeDrafter(lambda toks, b=b: [b]), ids,
+                         DecodeSettings(max_new_tokens=12)).step()
+            assert r2.parents is None  # a single branch is verified as a chain
+            separate.append(r2)
+        best = max(separate, key=lambda r: r.accepted)
+        assert rnd.accepted == best.accepted
+        assert rnd.committed == best.committed == truth[:len(rnd.committed)]
+        tree = TokenTree(rnd.draft, rnd.parents) if rnd.parents else None
+        if tree is not None and rnd.accepted_path:
+            assert [tree.tokens[i] for i in rnd.accepted_path] == rnd.committed[:rnd.accepted]
+        # the cache keeps only the committed path: continuing gives plain greedy output
+        tr = sess.run()
+        assert tr.output_ids == truth
+
+
+def test_tree_session_lossless_over_many_rounds(tiny_target):
+    rng = random.Random(3)
+    for _ in range(5):
+        ids = _repetitive_prompt(rng, 64, 30)
+
+        def branches(toks, rng=rng):
+            # PLD-like candidates from several earlier matches of the last token
+            last = toks[-1]
+            starts = [i + 1 for i in range(len(toks) - 1) if toks[i] == last][-3:]
+            return [toks[s:s + rng.randint(1, 6)] for s in starts] or [[rng.randrange(3, 64)]]
+
+        tr = Session(tiny_target, FixedTreeDrafter(branches), ids, DecodeSettings(max_new_tokens=30)).run()
+        ar = generate(tiny_target, "ar", ids, DecodeSettings(max_new_tokens=30))
+        assert compare_outputs(tiny_target, ids, ar.output_ids, tr.output_ids).ok
+
+
+class QDrafter(Drafter):
+    """Samples a chain from a fixed random distribution q (a drafter with its own q)."""
+
+    name = "q-random"
+
+    def __init__(self, vocab, k, seed):
+        self.vocab, self.k = vocab, k
+        self.g = torch.Generator().manual_seed(seed)
+        self.q = torch.softmax(torch.randn(k, vocab, generator=self.g) * 2, -1)
+
+    def propose(self, ctx):
+        toks = [int(torch.multinomial(self.q[i], 1, generator=self.g)) for i in range(self.k)]
+        return Draft(tokens=toks, q=self.q.clone(), q_token=[float(self.q[i, t]) for i, t in enumerate(toks)])
+
+
+class PointDrafter(Drafter):
+    name = "point"
+
+    def __init__(self, toks):
+        self.toks = toks
+
+    def propose(self, ctx):
+        return Draft(tokens=list(self.toks))
+
+
+@pytest.mark.parametrize("kind", ["deterministic", "with_q"])
+def test_sampling_session_keeps_target_distribution(kind):
+    """Joint distribution of the first two generated tokens under speculative sampling equals the
+    target's p(x1) p(x2 | x1) (temperature 0.9, top-p 0.95). Chi-square at alpha=1e-3; TV < 0.09 (its sampling noise at n=6000 over 144 cells is ~0.06)."""
+    vocab = 12
+    target = make_tiny_target(vocab_size=vocab, seed=5, layers=1, eos=0)
+    with torch.no_grad():
+        target.model.lm_head.weight.mul_(0.15)  # soften: many tokens have mass
+    prompt = [3, 7, 5]
+    st = dict(temperature=0.9, top_p=0.95)
+    from specviz.verify import warp_probs
+    with torch.no_grad():
+        p1 = warp_probs(target.model(torch.tensor([prompt])).logits[0, -1], **st)
+        exact = torch.zeros(vocab, vocab)
+        for a in range(vocab):
+            p2 = warp_probs(target.model(torch.tensor([prompt + [a]])).logits[0, -1], **st)
+            exact[a] = p1[a] * p2
+        exact[0] = 0.0
+        exact[0, 0] = p1[0]  # token 0 is EOS: the run stops after it (counted as (0, 0))
+    n = 6000
+    counts = torch.zeros(vocab, vocab)
+    for seed in range(n):
+        drafter = QDrafter(vocab, 3, seed=1000 + seed) if kind == "with_q" else PointDrafter([4, 9, 2])
+        sess = Session(target, drafter, prompt,
+                       DecodeSettings(max_new_tokens=2, seed=seed, **st))
+        out = sess.run().output_ids
+        if len(out) == 1:  # EOS (token 0) as first token
+            out = out + [0]
+        counts[out[0], out[1]] += 1
+    flat_c, flat_p = counts.flatten(), exact.flatten()
+    keep = flat_p * n >= 5
+    obs = flat_c[keep].numpy()
+    exp = (flat_p[keep] * n).numpy()
+    exp = exp * obs.sum() / exp.sum()
+    _, pval = chisquare(obs, exp)
+    tv = 0.5 * float((flat_c / n - flat_p).abs().sum())
+    assert pval > 1e-3, f"p-value {pval:.2e}"
+    assert tv < 0.09, f"TV {tv:.3f}"
+
+
+def test_pld_matches_transformers_prompt_lookup():
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    rng = random.Random(4)
+    for _ in range(200):
+        ids = [rng.randrange(0, 8) for _ in range(rng.randint(2, 40))]
+        n_out = rng.randint(1, 10)
+        ref = PromptLookupCandidateGenerator(eos_token_id=torch.tensor([99]), num_output_tokens=n_out,
+                                             max_matching_ngram_size=2, max_length=10_000)
+        cand, _ = ref.get_candidates(torch.tensor([ids]))
+        ref_draft = cand[0, len(ids):].tolist()
+        ours = PLDDrafter(2, n_out, eos_token_ids={99}).propose(
+            type("C", (), {"tokens": ids})()).tokens
+        assert ours == ref_draft, (ids, ours, ref_draft)
+
+
+def test_trace_round_trip(tiny_target, tmp_path):
+    tr = generate(tiny_target, "pld", [5, 6, 7, 5, 6, 7, 5, 6], DecodeSettings(max_new_tokens=20))
+    path = tr.save(tmp_path / "t.json")
+    back = Trace.load(path)
+    assert back.to_dict() == tr.to_dict()
+    assert back.output_ids == tr.output_ids and back.tau == tr.tau
+    assert [r.rejected_suffix for r in back.rounds] == [r.rejected_suffix for r in tr.rounds]
+    for r in tr.rounds:
+        assert r.committed[:r.accepted] == r.draft[:r.accepted]
+        assert len(r.target_argmax) == len(r.draft) + 1
+        assert r.target_argmax[r.accepted] == r.committed[-1] or r.committed[-1] in tiny_target.eos_token_ids
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "not a specviz trace"),
+    ('{"schema_version": 99, "rounds": []}', "unsupported trace schema_version"),
+    ('{"schema_version": 1, "rounds": [{"index": 0}]}', "missing fields"),
+    ('{"schema_version": 1, "rounds": [{"index": 0, "start": 1, "drafter": "x", "draft": [1], '
+     '"accepted": 5, "committed": [1]}]}', "inconsistent"),
+])
+def test_corrupt_trace_errors(text, msg):
+    with pytest.raises(TraceError, match=msg):
+        Trace.from_json(text)
+    with pytest.raises(TraceError, match="not UTF-8"):
+        Trace.from_json(b"\xff\xfe\x00garbage")
+
+
+def test_bad_input_errors(tiny_target):
+    with pytest.raises(PromptError, match="empty"):
+        Session(tiny_target, make_drafter("ar"), "   ")
+    with pytest.raises(PromptError, match="empty"):
+        Session(tiny_target, make_drafter("ar"), [])
+    with pytest.raises(PromptError, match="context"):
+        Session(tiny_target, make_drafter("ar"), list(range(3, 60)) * 10)
+    for bad in [dict(max_new_tokens=0), dict(max_new_tokens=-5), dict(temperature=-1),
+                dict(top_p=0), dict(top_p=1.5), dict(max_new_tokens=10**6)]:
+        with pytest.raises(SettingsError):
+            DecodeSettings(**bad).validate()
+    with pytest.raises(SettingsError, match="unknown method"):
+        make_drafter("nope")
+    with pytest.raises(SettingsError):
+        make_drafter("pld", num_output_tokens=0)
+    with pytest.raises(SettingsError, match="bad settings"):
+        make_drafter("pld", not_a_param=3)
+    assert issubclass(SettingsError, SpecvizError)
+
+
+def test_generation_stops_at_context_end():
+    t = make_tiny_target(vocab_size=64, seed=9, eos=63)
+    ids = [5] * 505
+    tr = generate(t, "pld", ids, DecodeSettings(max_new_tokens=50))
+    assert len(ids) + tr.new_tokens <= t.max_context
+    assert tr.meta["stop_reason"] in ("context", "eos")
+
+
+def test_step_records_timings_and_drafter_extras(tiny_target):
+    sess = Session(tiny_target, make_drafter("pld"), [4, 5, 6, 4, 5], DecodeSettings(max_new_tokens=5))
+    r = sess.step()
+    assert r.t_verify > 0 and r.t_draft >= 0
+    assert r.extras["match"]["kind"] == "lexical" and r.draft[:1] == [6]
+    while sess.step():
+        pass
+    assert sess.done and sess.stop_reason in ("eos", "max_new_tokens")
+    assert sess.step() is None

@@ -1,0 +1,261 @@
+"""Unit tests of specviz.viz on hand-made traces (no model, milliseconds)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from specviz import viz
+from specviz.trace import Round, Trace
+
+TEXTS = {i: f" w{i}" for i in range(100)}
+TEXTS.update({7: "<b>&", 8: "\n", 9: "", 99: "<|im_end|>"})
+
+
+def make_trace() -> Trace:
+    """Prompt of 5 tokens, then four rounds: correction, no draft, bonus, and a tree round."""
+    rounds = [
+        # draft 3, first accepted, then mismatch: target says 20 instead of 11
+        Round(index=0, start=5, drafter="pld", draft=[10, 11, 12], accepted=1, committed=[10, 20],
+              target_argmax=[10, 20, 13, 14], target_argmax_prob=[0.9, 0.6, 0.5, 0.4],
+              p_draft=[0.9, 0.1, 0.2], q_draft=[None, None, None], t_draft=0.001,
+              t_verify=0.020, extras={"match": {"kind": "lexical", "ngram": 2, "span": [1, 3],
+                                                "copy_from": [3, 6]}}),
+        # no draft: a plain decoding step
+        Round(index=1, start=7, drafter="pld", draft=[], accepted=0, committed=[21],
+              target_argmax=[21], target_argmax_prob=[0.8], p_draft=[], q_draft=[],
+              t_draft=0.001, t_verify=0.010, extras={"match": None}),
+        # everything accepted: the target's token is a bonus
+        Round(index=2, start=8, drafter="pld", draft=[30, 31], accepted=2, committed=[30, 31, 32],
+              target_argmax=[30, 31, 32], target_argmax_prob=[0.7, 0.95, 0.5],
+              p_draft=[0.7, 0.95], q_draft=[0.6, 0.8], t_draft=0.001, t_verify=0.019),
+        # a tree: nodes 0 and 1 are children of the root, node 2 a child of node 0;
+        # path 0 -> 2 is accepted, node 1 (a sibling at depth 1) is rejected
+        Round(index=3, start=11, drafter="tree", draft=[40, 41, 42], accepted=2,
+              committed=[40, 42, 43], parents=[-1, -1, 0], accepted_path=[0, 2],
+              target_argmax=[40, 43, 42, 43], target_argmax_prob=[0.6, 0.5, 0.7, 0.55],
+              p_draft=[0.6, 0.2, 0.7], q_draft=[None, None, None], t_draft=0.002,
+              t_verify=0.021),
+    ]
+    meta = {"model": "hand-made", "method": "pld", "prompt": "a b c d e", "prompt_len": 5,
+            "settings": {"temperature": 0.0}, "prefill_time": 0.05, "stop_reason": "eos"}
+    return Trace(meta=meta, prompt_ids=[1, 2, 3, 4, 5], rounds=rounds, token_texts=dict(TEXTS))
+
+
+@pytest.fixture
+def trace() -> Trace:
+    return make_trace()
+
+
+# ---------------------------------------------------------------- stats
+def test_round_kinds_and_lengths(trace):
+    assert [viz.round_kind(r) for r in trace.rounds] == ["correction", "nodraft", "bonus", "bonus"]
+    assert viz.accepted_lengths(trace) == [1, 0, 2, 2]
+    assert [viz.draft_depth(r) for r in trace.rounds] == [3, 0, 2, 2]
+
+
+def test_position_acceptance_is_conditional_on_reaching(trace):
+    stats = viz.position_acceptance(trace)
+    assert [(s.position, s.reached, s.accepted) for s in stats] == [(1, 3, 3), (2, 3, 2), (3, 0, 0)]
+    assert stats[0].rate == 1.0
+    assert stats[1].rate == pytest.approx(2 / 3)
+    assert stats[2].rate is None  # never reached: no rate rather than 0
+
+
+def test_position_acceptance_empty_trace(trace):
+    assert viz.position_acceptance(viz.trace_prefix(trace, 0)) == []
+
+
+def test_trace_prefix(trace):
+    p = viz.trace_prefix(trace, 2)
+    assert p.num_rounds == 2 and trace.num_rounds == 4
+    assert p.output_ids == [10, 20, 21]
+    assert viz.trace_prefix(trace, None) is trace
+    assert viz.trace_prefix(trace, 99) is trace
+
+
+def test_live_metrics(trace):
+    m = viz.live_metrics(trace)
+    assert m["rounds"] == m["target_forwards"] == 4
+    assert m["new_tokens"] == 9
+    assert m["tau"] == pytest.approx(9 / 4)
+    assert m["drafted"] == 8 and m["accepted"] == 5
+    assert m["tokens_per_s"] == pytest.approx(9 / trace.decode_time)
+
+
+def test_speedup_estimate_uses_plain_rounds(trace):
+    est = viz.speedup_estimate(trace)
+    # plain step: the no-draft round, 11 ms; median round time of [21, 11, 20, 23] ms = 20.5 ms
+    assert est.step_time == pytest.approx(0.011)
+    assert est.round_time == pytest.approx(0.0205)
+    assert est.value == pytest.approx(9 / 4 * 0.011 / 0.0205)
+    assert "plain decoding step" in est.explain() and "Compare page" in est.explain()
+
+
+def test_speedup_estimate_without_plain_rounds(trace):
+    t = viz.trace_prefix(trace, 1)
+    est = viz.speedup_estimate(t)
+    # 2 tokens per round; step time = verify time (20 ms), round time 21 ms
+    assert est.value == pytest.approx(2 * 0.020 / 0.021)
+    assert viz.speedup_estimate(viz.trace_prefix(trace, 0)).value is None
+
+
+# ---------------------------------------------------------------- tokens
+def test_token_views_order_kinds_positions(trace):
+    v = viz.token_views(trace)
+    kinds = [x.kind for x in v]
+    assert kinds == ["accepted", "rejected", "rejected", "correction",   # round 1
+                     "nodraft",                                          # round 2
+                     "accepted", "accepted", "bonus",                    # round 3
+                     "accepted", "accepted", "rejected", "bonus"]        # round 4 (tree)
+    r0 = [x for x in v if x.round == 0]
+    assert [x.position for x in r0] == [5, 6, 7, 6]  # rejected 11 at 6, 12 at 7; correction at 6
+    assert r0[1].token_id == 11 and r0[1].p == 0.1 and r0[1].target_argmax == 20
+    assert r0[3].token_id == 20 and r0[3].p == 0.6  # correction prob = target argmax prob
+    assert r0[0].output_index == 0
+    # the committed tokens, read in order, are exactly the trace's output
+    assert [x.token_id for x in v if x.kind != "rejected"] == trace.output_ids
+    # tree round: accepted path 0 -> 2, rejected node 1 at depth 1 (position 11)
+    r3 = [x for x in v if x.round == 3]
+    assert [x.token_id for x in r3] == [40, 42, 41, 43]
+    assert r3[1].p == 0.7 and r3[2].position == 11
+    assert r3[3].p == 0.55  # target token row = last path node + 1
+
+
+def test_token_views_rejected_modes(trace):
+    assert sum(x.kind == "rejected" for x in viz.token_views(trace, "none")) == 0
+    sel = viz.token_views(trace, "selected", selected_round=0)
+    assert [x.token_id for x in sel if x.kind == "rejected"] == [11, 12]
+    assert all(x.selected for x in sel if x.round == 0)
+    assert not any(x.selected for x in sel if x.round != 0)
+    with pytest.raises(ValueError):
+        viz.token_views(trace, "sometimes")
+
+
+def test_tokens_html_classes_and_titles(trace):
+    h = viz.tokens_html(trace)
+    assert h.count('class="tok accepted') == 5
+    assert h.count('class="tok rejected') == 3
+    assert h.count('class="tok bonus') == 4
+    assert h.count('class="tok bonus t-correction') == 1
+    assert h.count('class="tok bonus t-bonus') == 2
+    assert h.count('class="tok bonus t-nodraft') == 1
+    assert h.count('class="rsep"') == 3  # boundaries between the 4 rounds
+    assert "<style>" in h and ".tok.rejected" in h and "line-through" in h
+    titles = re.findall(r'title="([^"]*)"', h)
+    assert any("Round 1 · position 6" in t and "rejected draft token" in t
+               and "target prob p: 0.100" in t for t in titles)
+    assert any("drafter prob q: 0.600" in t for t in titles)  # round 3 has drafter probs
+    assert viz.tokens_html(trace, include_css=False).startswith('<div class="specviz-tokens">')
+
+
+def test_tokens_html_escapes_and_shows_whitespace():
+    t = make_trace()
+    t.rounds[1].committed = [7]
+    t.rounds[2].committed = [30, 31, 8]
+    h = viz.tokens_html(t, include_css=False)
+    assert "<b>&" not in h and "&lt;b&gt;&amp;" in h
+    assert "↵</span><br>" in h
+    assert viz.visible_text("") == "∅"
+    assert viz.visible_text("a\tb") == "a⇥b"
+
+
+def test_tokens_html_empty_trace(trace):
+    h = viz.tokens_html(viz.trace_prefix(trace, 0))
+    assert "Next round" in h and 'class="tok' not in h.split("</style>")[1]
+
+
+def test_legend_explains_every_kind():
+    h = viz.legend_html()
+    for cls in ("tok accepted", "tok bonus t-correction", "tok bonus t-bonus",
+                "tok bonus t-nodraft", "tok rejected"):
+        assert f'class="{cls}"' in h
+    assert "rejected" in h and "bonus" in h and "correction" in h
+
+
+def test_uploaded_trace_renders_like_the_live_one(trace):
+    back = Trace.from_json(trace.to_json())
+    assert viz.tokens_html(back) == viz.tokens_html(trace)
+    assert viz.rounds_table(back).equals(viz.rounds_table(trace))
+    assert viz.live_metrics(back) == viz.live_metrics(trace)
+
+
+# ---------------------------------------------------------------- tables
+def test_rounds_table(trace):
+    df = viz.rounds_table(trace)
+    assert list(df["round"]) == [1, 2, 3, 4]
+    assert list(df["accepted"]) == [1, 0, 2, 2]
+    assert list(df["drafted"]) == [3, 0, 2, 3]
+    assert list(df["target_token_kind"]) == ["correction", "no draft", "bonus", "bonus"]
+    assert df.loc[0, "rejected_text"] == " w11 w12"
+    assert df.loc[0, "accepted_text"] == " w10" and df.loc[0, "target_token"] == " w20"
+    assert df.loc[0, "p_first_rejected"] == 0.1
+    assert df.loc[0, "drafter_info"] == "lexical 2-gram at 1–3, copied 3–6"
+    assert df.loc[1, "drafter_info"] == "no n-gram match"
+    assert df.loc[0, "output_pos"] == 1 and df.loc[1, "output_pos"] == 3
+    csv = viz.to_csv_bytes(df).decode()
+    assert csv.splitlines()[0].startswith("round,output_pos,drafted,accepted")
+    assert len(csv.strip().splitlines()) == 5
+
+
+def test_position_table(trace):
+    df = viz.position_table(trace)
+    assert list(df["reached"]) == [3, 3, 0]
+
+
+def test_describe_extras_generic():
+    r = Round(index=0, start=0, drafter="x", draft=[], accepted=0, committed=[1],
+              extras={"gate": [0.1, 0.2]})
+    assert viz.describe_extras(r) == "gate: [0.1, 0.2]"
+
+
+def _run(prompt, method, out_ids, wall, temperature=0.0):
+    rounds = [Round(index=i, start=3 + i, drafter=method, draft=[], accepted=0, committed=[t])
+              for i, t in enumerate(out_ids)]
+    if method != "ar":  # pretend the method committed everything in one round
+        rounds = [Round(index=0, start=3, drafter=method, draft=out_ids[:-1],
+                        accepted=len(out_ids) - 1, committed=list(out_ids))]
+    tr = Trace(meta={"method": method, "settings": {"temperature": temperature}},
+               prompt_ids=[1, 2, 3], rounds=rounds, token_texts=dict(TEXTS))
+    return viz.CompareRun(prompt, prompt.upper(), method, tr, wall)
+
+
+def test_compare_tables():
+    runs = [_run("p1", "ar", [5, 6, 7, 8], 2.0), _run("p1", "pld", [5, 6, 7, 8], 1.0),
+            _run("p2", "ar", [5, 6], 1.0), _run("p2", "pld", [5, 9], 1.0)]
+    per = viz.compare_runs_table(runs)
+    assert list(per["speedup_vs_ar"]) == [1.0, 2.0, 1.0, 1.0]
+    assert list(per["identical_to_ar"]) == [True, True, True, False]
+    assert list(per["target_forwards"]) == [4, 1, 2, 1]
+    s = viz.compare_summary_table(runs).set_index("method")
+    assert s.loc["pld", "speedup_vs_ar"] == pytest.approx(1.5)
+    assert s.loc["pld", "tau"] == pytest.approx(3.0)  # (4 + 2) tokens over 2 rounds
+    assert s.loc["ar", "tau"] == 1.0
+    assert not s.loc["pld", "identical_to_ar"] and s.loc["ar", "identical_to_ar"]
+    fig = viz.fig_compare(s.reset_index())
+    assert len(fig.data) == 2
+
+
+def test_compare_tables_sampling_skips_identity():
+    runs = [_run("p1", "ar", [5, 6], 1.0, 0.8), _run("p1", "pld", [5, 7], 0.5, 0.8)]
+    per = viz.compare_runs_table(runs)
+    assert per["identical_to_ar"].isna().all()
+    assert viz.compare_summary_table(runs)["identical_to_ar"].isna().all()
+    assert viz.compare_summary_table([]).empty
+
+
+# ---------------------------------------------------------------- figures
+def test_figures(trace):
+    f = viz.fig_round_lengths(trace, selected_round=1)
+    assert [d.name for d in f.data] == ["accepted", "target token", "rejected"]
+    assert list(f.data[0].y) == [1, 0, 2, 2]
+    assert list(f.data[1].y) == [1, 1, 1, 1]
+    assert list(f.data[2].y) == [2, 0, 0, 1]
+    p = viz.fig_position_acceptance(trace)
+    assert list(p.data[0].x) == [1, 2, 3]
+    assert list(p.data[0].y)[:2] == [1.0, pytest.approx(2 / 3)]
+    h = viz.fig_accepted_hist(trace)
+    assert list(h.data[0].x) == [0, 1, 2] and list(h.data[0].y) == [1, 1, 2]
+    empty = viz.trace_prefix(trace, 0)
+    for fn in (viz.fig_round_lengths, viz.fig_position_acceptance, viz.fig_accepted_hist):
+        fn(empty).to_json()  # empty traces still give a (blank) figure
