@@ -9,6 +9,8 @@ and crops the cache to the committed length (for a tree: gathers the accepted pa
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable
@@ -56,12 +58,15 @@ class DecodeSettings:
         return float(self.temperature) == 0.0
 
 
+@functools.lru_cache(maxsize=None)
+def _cache_kwarg_for(model_cls) -> str:
+    params = inspect.signature(model_cls.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 def _cache_kwarg(model) -> str:
     """transformers 5.x renamed ``past_key_values`` to ``cache``; use whichever forward takes."""
-    import inspect
-
-    params = inspect.signature(type(model).forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    return _cache_kwarg_for(type(model))
 
 
 def _cache_len(cache) -> int:

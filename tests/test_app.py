@@ -210,7 +210,10 @@ def test_run_to_end_then_reset():
     assert not at.exception and any("finished" in i.value for i in at.info)
     at.button(key="reset").click().run()
     assert_clean(at)
-    assert "dec_trace" not in at.session_state and "dec_session" not in at.session_state
+    assert "dec_trace" not in at.session_state
+    # a fresh session is ready (its prefill done), with no rounds yet
+    assert at.session_state["dec_session"] is not session
+    assert at.session_state["dec_session"].rounds == []
 
 
 @pytest.mark.integration

@@ -247,10 +247,13 @@ def test_compare_tables_sampling_skips_identity():
 # ---------------------------------------------------------------- figures
 def test_figures(trace):
     f = viz.fig_round_lengths(trace, selected_round=1)
-    assert [d.name for d in f.data] == ["accepted", "target token", "rejected"]
+    assert [d.name for d in f.data] == ["accepted", "target: correction", "target: bonus",
+                                        "target: no draft", "rejected"]
     assert list(f.data[0].y) == [1, 0, 2, 2]
-    assert list(f.data[1].y) == [1, 1, 1, 1]
-    assert list(f.data[2].y) == [2, 0, 0, 1]
+    assert list(f.data[1].y) == [1, 0, 0, 0]
+    assert list(f.data[2].y) == [0, 0, 1, 1]
+    assert list(f.data[3].y) == [0, 1, 0, 0]
+    assert list(f.data[4].y) == [2, 0, 0, 1]
     p = viz.fig_position_acceptance(trace)
     assert list(p.data[0].x) == [1, 2, 3]
     assert list(p.data[0].y)[:2] == [1.0, pytest.approx(2 / 3)]

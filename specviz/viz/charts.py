@@ -27,15 +27,18 @@ def fig_round_lengths(trace: Trace, selected_round: int | None = None) -> go.Fig
     rounds = trace.rounds
     x = [r.index + 1 for r in rounds]
     acc = [r.accepted for r in rounds]
-    tgt = [1 if len(r.committed) > r.accepted else 0 for r in rounds]
+    has_tgt = [len(r.committed) > r.accepted for r in rounds]
     rej = [len(r.rejected_suffix) for r in rounds]
     kinds = [round_kind(r) for r in rounds]
     fig = go.Figure()
     fig.add_bar(x=x, y=acc, name="accepted", marker_color=CHART_COLORS["accepted"],
                 hovertemplate="round %{x}: %{y} accepted<extra></extra>")
-    fig.add_bar(x=x, y=tgt, name="target token", marker_color=CHART_COLORS["target"],
-                customdata=kinds,
-                hovertemplate="round %{x}: target token (%{customdata})<extra></extra>")
+    for kind, label in (("correction", "target: correction"), ("bonus", "target: bonus"),
+                        ("nodraft", "target: no draft")):
+        y = [1 if (k == kind and t) else 0 for k, t in zip(kinds, has_tgt)]
+        fig.add_bar(x=x, y=y, name=label, marker_color=CHART_COLORS[kind],
+                    showlegend=any(y),
+                    hovertemplate=f"round %{{x}}: the target's own token ({kind})<extra></extra>")
     fig.add_bar(x=x, y=rej, name="rejected", marker_color=CHART_COLORS["rejected"],
                 marker_pattern_shape="/", opacity=0.55,
                 hovertemplate="round %{x}: %{y} rejected<extra></extra>")
@@ -81,6 +84,8 @@ def fig_accepted_hist(trace: Trace) -> go.Figure:
                 hovertemplate="%{y} round(s) accepted %{x} token(s)<extra></extra>")
     _layout(fig, "Histogram of accepted lengths", "accepted draft tokens in a round", "rounds")
     fig.update_xaxes(dtick=1)
+    if max(counts, default=0) <= 10:
+        fig.update_yaxes(dtick=1)  # counts are whole numbers
     return fig
 
 

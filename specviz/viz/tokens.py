@@ -41,9 +41,11 @@ PALETTE = {
 
 CHART_COLORS = {
     "accepted": "#10b981",
-    "target": "#f59e0b",
+    "correction": "#f59e0b",
+    "bonus": "#3b82f6",
+    "nodraft": "#94a3b8",
     "rejected": "#f87171",
-    "rate": "#2563eb",
+    "rate": "#4338ca",
     "hist": "#6366f1",
 }
 
@@ -201,7 +203,7 @@ TOKEN_CSS = """
 .specviz-tokens .tok.bonus.t-nodraft{background:#f1f5f9;border-color:#94a3b8;color:#1e293b;}
 .specviz-tokens .tok.rejected{background:#fee2e2;border:1px dashed #dc2626;color:#991b1b;
  text-decoration:line-through;text-decoration-thickness:1.5px;opacity:0.8;font-size:0.8em;}
-.specviz-tokens .tok.sel{box-shadow:0 0 0 2px #0f172a;}
+.specviz-tokens .tok.sel{box-shadow:0 2px 0 0 #4338ca;}
 .specviz-tokens .rsep{display:inline-block;width:2px;height:1.25em;background:#cbd5e1;
  margin:0 3px;vertical-align:middle;border-radius:1px;}
 .specviz-tokens .prompt-note{color:#64748b;font-style:italic;}

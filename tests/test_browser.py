@@ -1,0 +1,171 @@
+"""The real app in a real browser: `streamlit run app.py` on a free port, driven by headless
+Debian Chromium through Playwright (see /work/shared/docs/APP_TESTING.md). Screenshots and the
+measured Next-round latencies are written to test-artifacts/."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run",
+                 "--disable-quic"]
+IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_health(port: int, proc: subprocess.Popen, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    url = f"http://127.0.0.1:{port}/_stcore/health"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited early with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.read().decode().strip() == "ok":
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"streamlit did not answer {url} within {timeout:.0f} s")
+
+
+@pytest.fixture(scope="module")
+def server():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"Debian chromium is not installed at {CHROMIUM} "
+                    "(install it with: apt-get install -y chromium)")
+    pytest.importorskip("playwright.sync_api")
+    ARTIFACTS.mkdir(exist_ok=True)
+    port = _free_port()
+    log = open(ARTIFACTS / "streamlit-server.log", "w")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+         "--server.port", str(port), "--server.address", "127.0.0.1",
+         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        _wait_health(port, proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _max_round_js() -> str:
+    return ("n => { const el = document.querySelectorAll('.specviz-tokens [data-round]');"
+            " let m = -1; el.forEach(e => { m = Math.max(m, +e.dataset.round); });"
+            " return m + 1 >= n; }")
+
+
+def test_decode_page_next_round(server, browser):
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    try:
+        page.goto(server + "/", wait_until="domcontentloaded")
+        # the first visit loads (and warms up) the embedded model
+        page.get_by_role("button", name="Next round").wait_for(timeout=120_000)
+        page.wait_for_selector(IDLE, timeout=120_000)
+        page.screenshot(path=str(ARTIFACTS / "decode-start.png"))
+        latencies = []
+        for i in range(1, 4):
+            t0 = time.perf_counter()
+            page.get_by_role("button", name="Next round").click()
+            page.wait_for_function(_max_round_js(), arg=i, timeout=60_000)
+            latencies.append(time.perf_counter() - t0)   # click -> new tokens on screen
+            page.wait_for_selector(IDLE, timeout=60_000)
+        assert page.locator(".specviz-tokens .tok.accepted").count() > 0
+        assert page.locator(".specviz-tokens .tok.rejected").count() > 0
+        assert page.locator(".specviz-tokens .tok.bonus").count() == 3  # one per round
+        title = page.locator(".specviz-tokens .tok.rejected").first.get_attribute("title")
+        assert "Round 1" in title and "target prob p" in title and "drafter prob q" in title
+        page.wait_for_selector("[data-testid='stPlotlyChart'] .js-plotly-plot", timeout=90_000)
+        assert page.locator("[data-testid='stPlotlyChart']").count() == 3
+        assert page.locator("[data-testid='stException']").count() == 0
+        # the screenshot a reviewer looks at: tokens, legend, metrics and a chart
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(ARTIFACTS / "decode-3-rounds.png"))
+        # Streamlit scrolls inside its main container: a tall viewport shows the whole page
+        page.set_viewport_size({"width": 1440, "height": 2900})
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(ARTIFACTS / "decode-3-rounds-full.png"))
+        page.set_viewport_size({"width": 1440, "height": 1000})
+        # download the trace through the real download button
+        with page.expect_download(timeout=30_000) as dl:
+            page.get_by_role("button", name="Trace (JSON)").click()
+        saved = ARTIFACTS / "browser-trace.json"
+        dl.value.save_as(str(saved))
+        from specviz.trace import Trace
+        assert Trace.load(saved).num_rounds == 3
+        (ARTIFACTS / "next-round-latency.json").write_text(json.dumps(
+            {"click_to_tokens_s": [round(x, 3) for x in latencies]}, indent=1))
+        print("Next round latency (click -> tokens on screen), s:",
+              [round(x, 3) for x in latencies])
+    finally:
+        page.close()
+
+
+def test_open_saved_trace_page(server, browser, tmp_path):
+    """Upload a corrupt file (a visible error), then a good trace (rendered without a model)."""
+    from tests.test_viz import make_trace
+
+    bad = tmp_path / "corrupt.json"
+    bad.write_text('{"schema_version": 1, "rounds": [ this is not json')
+    good = tmp_path / "good.json"
+    make_trace().save(good)
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    try:
+        page.goto(server + "/open-trace", wait_until="domcontentloaded")
+        page.wait_for_selector("[data-testid='stFileUploader']", timeout=60_000)
+        page.wait_for_selector(IDLE, timeout=60_000)
+        upload = page.locator("[data-testid='stFileUploader'] input[type='file']")
+        upload.set_input_files(str(bad))
+        page.get_by_text("not valid JSON").wait_for(timeout=30_000)
+        assert page.locator("[data-testid='stException']").count() == 0
+        upload.set_input_files(str(good))
+        page.wait_for_selector(".specviz-tokens .tok.rejected", timeout=30_000)
+        page.wait_for_selector(IDLE, timeout=30_000)
+        assert page.locator(".specviz-tokens .tok.accepted").count() == 5
+        assert page.locator("[data-testid='stException']").count() == 0
+        page.screenshot(path=str(ARTIFACTS / "open-trace.png"))
+    finally:
+        page.close()
+
