@@ -59,15 +59,25 @@ if run:
             params = {cfg.method: cfg.params}
             total = (len(methods) + 1) * len(prompts)
             prog = st.progress(0.0, text=f"0 / {total} runs")
+
+            def on_progress(frac: float, text: str) -> None:
+                prog.progress(min(max(frac, 0.0), 1.0), text=text)
+
             runs = []
             try:
-                for done, total, r in appstate.compare_runs(target, methods, prompts,
-                                                            cfg.settings, params):
+                for _done, _total, r in appstate.compare_runs(
+                        target, methods, prompts, cfg.settings, params, progress=on_progress):
                     runs.append(r)
-                    prog.progress(done / total, text=f"{done} / {total} runs · last: "
-                                  f"{r.method.upper()} on {r.prompt_id} ({r.wall_s:.1f} s)")
                 ss["cmp_runs"] = runs
                 ss["cmp_greedy"] = cfg.settings.greedy
+                s = cfg.settings
+                ss["cmp_about"] = (
+                    f"{len(prompts)} prompt(s) · model *{target.name}* · "
+                    + ("greedy" if s.greedy else f"sampling T={s.temperature:g}, "
+                       f"top-p={s.top_p:g}, seed {s.seed}")
+                    + f" · up to {s.max_new_tokens} new tokens · "
+                    + ", ".join(f"{m.upper()} {cfg.params}" if m == cfg.method and cfg.params
+                                else m.upper() for m in methods))
             except SpecvizError as exc:
                 st.error(str(exc))
             prog.empty()
@@ -77,6 +87,8 @@ if runs:
     summary = viz.compare_summary_table(runs)
     per = viz.compare_runs_table(runs)
     st.markdown("##### Side by side")
+    if ss.get("cmp_about"):
+        st.caption("Ran on " + ss["cmp_about"])
     st.dataframe(summary, hide_index=True, width="stretch", column_config={
         "tau": st.column_config.NumberColumn("tau", format="%.2f",
                                              help="Mean (accepted + 1) per round"),
@@ -102,7 +114,12 @@ if runs:
     st.plotly_chart(viz.fig_compare(summary), width="stretch", config=ui.PLOTLY_CONFIG,
                     key="cmp_fig")
     st.markdown("##### Per prompt")
-    st.dataframe(per, hide_index=True, width="stretch")
+    st.dataframe(per, hide_index=True, width="stretch", column_config={
+        "tau": st.column_config.NumberColumn("tau", format="%.2f"),
+        "wall_s": st.column_config.NumberColumn("wall time (s)", format="%.2f"),
+        "speedup_vs_ar": st.column_config.NumberColumn("speedup vs AR", format="%.2f×"),
+        "identical_to_ar": st.column_config.CheckboxColumn("identical to AR"),
+    })
     d = st.columns(2)
     d[0].download_button("Summary (CSV)", viz.to_csv_bytes(summary),
                          file_name="specviz-compare-summary.csv", mime="text/csv",

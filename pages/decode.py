@@ -34,12 +34,26 @@ if reset_clicked:
 
 target = ui.load_target(cfg.model) if cfg is not None else None
 
-if (next_clicked or run_clicked) and cfg is not None and target is not None:
-    try:
-        session = ss.get("dec_session")
-        if session is None or ss.get("dec_key") != cfg.key():
+session = ss.get("dec_session")
+if cfg is not None and target is not None:
+    stale = session is not None and ss.get("dec_key") != cfg.key()
+    # Build the Session (the prompt's prefill) as soon as the settings are known, so that the
+    # first Next round click only pays for one round. A run with rounds is never replaced
+    # silently: a changed sidebar replaces it on the next click.
+    if session is None or (stale and (not session.rounds or next_clicked or run_clicked)):
+        ss.pop("dec_session", None)
+        ss.pop("dec_trace", None)
+        session = None
+        try:
             session = appstate.new_session(target, cfg)
             ss["dec_session"], ss["dec_key"] = session, cfg.key()
+            ss["dec_trace"] = session.trace()
+        except SpecvizError as exc:
+            st.error(str(exc))
+
+if (next_clicked or run_clicked) and session is not None and ss.get("dec_key") == (
+        cfg.key() if cfg else None):
+    try:
         if session.done:
             st.info(f"This run has finished ({session.stop_reason}). Press **Reset** to start "
                     "again.")
@@ -62,15 +76,19 @@ if (next_clicked or run_clicked) and cfg is not None and target is not None:
         st.error(str(exc))
 
 trace = ss.get("dec_trace")
-session = ss.get("dec_session")
 if trace is not None:
     stale = cfg is not None and ss.get("dec_key") != cfg.key()
     state = "finished" + (f" ({session.stop_reason})" if session and session.stop_reason else "") \
         if session is not None and session.done else "in progress"
     meta = trace.meta
-    status_slot.markdown(
-        f"**{meta.get('method', '?').upper()}** on *{meta.get('model', '?')}* · "
-        f"round {trace.num_rounds} · {trace.new_tokens} tokens · {state}")
+    if trace.rounds:
+        status_slot.markdown(
+            f"**{meta.get('method', '?').upper()}** on *{meta.get('model', '?')}* · "
+            f"round {trace.num_rounds} · {trace.new_tokens} tokens · {state}")
+    else:
+        status_slot.markdown(f"**{meta.get('method', '?').upper()}** on "
+                             f"*{meta.get('model', '?')}* · press **Next round** to run the "
+                             "first round.")
     if stale:
         st.warning("The sidebar settings changed since this run started. The run below used the "
                    "old settings; **Next round** or **Run to end** starts a new run.")

@@ -122,6 +122,24 @@ def prompt_text(trace: Trace) -> str:
     return viz.join_tokens(trace.prompt_ids, trace.token_texts)
 
 
+def _rounds_dataframe(table) -> None:
+    st.dataframe(table, hide_index=True, width="stretch", height=min(38 + 35 * len(table), 320),
+                 column_config={
+                     "output_pos": st.column_config.NumberColumn(
+                         "output pos", help="Output position of the round's first token"),
+                     "target_token_kind": st.column_config.TextColumn(
+                         "target token is", help="correction (after a rejection), bonus (whole "
+                                                 "draft accepted) or no draft"),
+                     "accepted_text": "accepted", "target_token": "target token",
+                     "rejected_text": "rejected suffix", "drafter_info": "drafter info",
+                     "p_first_rejected": st.column_config.NumberColumn(
+                         "p(first rejected)", format="%.3f",
+                         help="Target probability of the first rejected draft token"),
+                     "t_draft_ms": st.column_config.NumberColumn("draft ms", format="%.1f"),
+                     "t_verify_ms": st.column_config.NumberColumn("verify ms", format="%.1f"),
+                 })
+
+
 def trace_view(trace: Trace, prefix: str, downloads: bool = True) -> None:
     """The whole explorer for ``trace``; widget keys start with ``prefix``."""
     n = len(trace.rounds)
@@ -152,21 +170,15 @@ def trace_view(trace: Trace, prefix: str, downloads: bool = True) -> None:
     with st.expander(f"Prompt ({len(trace.prompt_ids)} tokens)"):
         st.text(prompt_text(trace))
 
-    if not view.rounds:
-        return
     st.markdown("##### Rounds")
     table = viz.rounds_table(view)
-    st.dataframe(table, hide_index=True, width="stretch", height=min(38 + 35 * len(table), 320),
-                 column_config={
-                     "p_first_rejected": st.column_config.NumberColumn(
-                         "p(first rejected)", format="%.3f",
-                         help="Target probability of the first rejected draft token"),
-                     "t_draft_ms": st.column_config.NumberColumn("draft ms", format="%.1f"),
-                     "t_verify_ms": st.column_config.NumberColumn("verify ms", format="%.1f"),
-                 })
+    if table.empty:
+        st.caption("One row per round appears here as the rounds run.")
+    else:
+        _rounds_dataframe(table)
 
     st.markdown("##### Charts")
-    st.plotly_chart(viz.fig_round_lengths(view, sel - 1), width="stretch",
+    st.plotly_chart(viz.fig_round_lengths(view, sel - 1 if sel else None), width="stretch",
                     config=PLOTLY_CONFIG, key=f"{prefix}_fig_rounds")
     c = st.columns(2)
     with c[0]:
@@ -176,7 +188,7 @@ def trace_view(trace: Trace, prefix: str, downloads: bool = True) -> None:
         st.plotly_chart(viz.fig_accepted_hist(view), width="stretch", config=PLOTLY_CONFIG,
                         key=f"{prefix}_fig_hist")
 
-    if downloads:
+    if downloads and trace.rounds:
         st.markdown("##### Download")
         d = st.columns(3)
         d[0].download_button("Trace (JSON)", trace.to_json().encode("utf-8"),

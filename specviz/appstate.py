@@ -278,12 +278,11 @@ def warm_up(target) -> None:
     from .drafters import make_drafter
 
     text = " ".join(["the quick brown fox jumps over the lazy dog."] * 20)
-    for method in ("pld", "ar"):
-        try:
-            Session(target, make_drafter(method), text,
-                    DecodeSettings(max_new_tokens=12, chat_template=False)).run(max_rounds=3)
-        except SpecvizError:
-            pass
+    try:
+        Session(target, make_drafter("pld"), text,
+                DecodeSettings(max_new_tokens=12, chat_template=False)).run(max_rounds=3)
+    except SpecvizError:
+        pass
 
 
 # ---------------------------------------------------------------- uploaded traces
@@ -330,25 +329,30 @@ class ComparePrompt:
 
 def compare_runs(target, methods: list[str], prompts: list[ComparePrompt],
                  settings: DecodeSettings, params: dict[str, dict] | None = None,
-                 baseline: str = "ar") -> Iterator[tuple[int, int, Any]]:
+                 baseline: str = "ar", progress: ProgressFn | None = None
+                 ) -> Iterator[tuple[int, int, Any]]:
     """Run the baseline and every method on every prompt; yields ``(done, total, CompareRun)``.
 
     The baseline runs first on each prompt, then the methods, so every method is timed on the
-    same prompt under the same machine load as its baseline.
+    same prompt under the same machine load as its baseline. ``progress(fraction, text)`` is
+    called as tokens are generated.
     """
+    from .bench import PromptItem, iter_side_by_side
     from .viz import CompareRun
 
-    order = [baseline] + [m for m in methods if m != baseline]
-    total = len(order) * len(prompts)
+    items = [PromptItem(p.id, p.title, p.prompt) for p in prompts]
+    n_methods = len([baseline] + [m for m in dict.fromkeys(methods) if m != baseline])
+    total = n_methods * len(items)
+
+    def on_tokens(generated: int, limit: int, m: str, item, done: int) -> None:
+        if progress:
+            frac = (done + min(generated / max(limit, 1), 1.0)) / total
+            progress(frac, f"run {done + 1}/{total}: {m.upper()} on {item.id} — "
+                           f"{generated}/{limit} tokens")
+
     done = 0
-    params = params or {}
-    for p in prompts:
-        for m in order:
-            cfg = AppConfig(model=target.name, method=m, params=params.get(m, {}),
-                            settings=settings, prompt=p.prompt)
-            t0 = time.perf_counter()
-            session = new_session(target, cfg)
-            trace = session.run()
-            wall = time.perf_counter() - t0
-            done += 1
-            yield done, total, CompareRun(p.id, p.title, m, trace, wall)
+    for item, m, session, wall in iter_side_by_side(target, methods, items, settings,
+                                                    method_params=params, baseline=baseline,
+                                                    on_tokens=on_tokens):
+        done += 1
+        yield done, total, CompareRun(item.id, item.category, m, session.trace(), wall)

@@ -183,50 +183,63 @@ def format_table(table: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def iter_side_by_side(target, methods: list[str], prompts: list[PromptItem], settings,
+                      method_params: dict[str, dict] | None = None, baseline: str = "ar",
+                      on_tokens: Callable[[int, int, str, PromptItem, int], None] | None = None):
+    """Run ``baseline`` then every method on each prompt (interleaved, so each method is timed
+    under the same machine state as its baseline). Yields ``(item, method, session, wall_s)``;
+    ``on_tokens(generated, max_new_tokens, method, item, runs_done)`` reports progress."""
+    from .drafters import make_drafter
+    from .engine import Session
+
+    order = [baseline] + [m for m in dict.fromkeys(m.strip().lower() for m in methods)
+                          if m and m != baseline]
+    method_params = method_params or {}
+    for m in order:  # fail fast on unknown methods / bad params before any decoding
+        make_drafter(m, target, **method_params.get(m, {}))
+    done = 0
+    for item in prompts:
+        for m in order:
+            drafter = make_drafter(m, target, **method_params.get(m, {}))
+            cb = (lambda g, n, m=m, item=item, done=done: on_tokens(g, n, m, item, done)) \
+                if on_tokens else None
+            if cb:
+                cb(0, settings.max_new_tokens)
+            t0 = time.perf_counter()
+            sess = Session(target, drafter, item.text, settings, method=m)
+            sess.run(progress=cb)
+            wall = time.perf_counter() - t0
+            done += 1
+            yield item, m, sess, wall
+
+
 def run_bench(target, methods: list[str], prompts: list[PromptItem], settings,
               method_params: dict[str, dict] | None = None,
               progress: Callable[[int, int, str], None] | None = None,
               check_near_ties: bool = True) -> BenchResult:
     """Run AR plus every method on every prompt (interleaved), returning per-prompt rows."""
     from .analysis.stats import compare_outputs
-    from .drafters import make_drafter
-    from .engine import Session
 
-    methods = [m.strip().lower() for m in methods if m.strip()]
-    if "ar" in methods:
-        methods.remove("ar")
-    methods = ["ar"] + methods
-    method_params = method_params or {}
-    for m in methods:  # fail fast on unknown methods / bad params before any decoding
-        make_drafter(m, target, **method_params.get(m, {}))
-    result = BenchResult(meta={"model": target.name, "methods": methods,
+    order = ["ar"] + [m for m in dict.fromkeys(m.strip().lower() for m in methods) if m and m != "ar"]
+    result = BenchResult(meta={"model": target.name, "methods": order,
                                "settings": asdict(settings), "prompts": len(prompts),
                                "device": target.device, "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
-    total = len(methods) * len(prompts)
-    done = 0
-    for item in prompts:
-        ar_ids = None
-        for m in methods:
-            drafter = make_drafter(m, target, **method_params.get(m, {}))
-            t0 = time.perf_counter()
-            sess = Session(target, drafter, item.text, settings, method=m)
-            sess.run()
-            wall = time.perf_counter() - t0
-            out_ids = sess.generated
-            row = BenchRow(prompt_id=item.id, category=item.category, method=m,
-                           rounds=len(sess.rounds), new_tokens=len(out_ids),
-                           accepted=sum(r.accepted for r in sess.rounds),
-                           tau=(len(out_ids) / len(sess.rounds)) if sess.rounds else 0.0,
-                           wall_s=wall, decode_s=sum(r.t_draft + r.t_verify for r in sess.rounds))
-            if m == "ar":
-                ar_ids = out_ids
-            elif settings.greedy:
-                rep = compare_outputs(target, sess.prompt_ids, ar_ids, out_ids) \
-                    if check_near_ties else None
-                row.identical_to_ar = out_ids == ar_ids
-                row.near_tie = bool(rep and rep.near_tie)
-            result.rows.append(row)
-            done += 1
-            if progress:
-                progress(done, total, f"{m} on {item.id}")
+    total = len(order) * len(prompts)
+    ar_ids = None
+    for item, m, sess, wall in iter_side_by_side(target, order, prompts, settings, method_params):
+        out_ids = sess.generated
+        row = BenchRow(prompt_id=item.id, category=item.category, method=m,
+                       rounds=len(sess.rounds), new_tokens=len(out_ids),
+                       accepted=sum(r.accepted for r in sess.rounds),
+                       tau=(len(out_ids) / len(sess.rounds)) if sess.rounds else 0.0,
+                       wall_s=wall, decode_s=sum(r.t_draft + r.t_verify for r in sess.rounds))
+        if m == "ar":
+            ar_ids = out_ids
+        elif settings.greedy:
+            row.identical_to_ar = out_ids == ar_ids
+            if check_near_ties and not row.identical_to_ar:
+                row.near_tie = compare_outputs(target, sess.prompt_ids, ar_ids, out_ids).near_tie
+        result.rows.append(row)
+        if progress:
+            progress(len(result.rows), total, f"{m} on {item.id}")
     return result

@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see specviz/__init__.py
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 

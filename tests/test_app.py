@@ -106,6 +106,21 @@ def test_target_cache_loads_once_and_remembers_errors():
     assert not cache.loaded("m1") and cache.loaded("m3")  # at most two models kept
 
 
+def test_compare_runs_on_a_tiny_model(tiny_target):
+    prompts = [appstate.ComparePrompt("p1", "one", " ".join(f"t{i % 7 + 3}" for i in range(40))),
+               appstate.ComparePrompt("p2", "two", " ".join(f"t{i % 5 + 3}" for i in range(30)))]
+    seen = []
+    runs = [r for _, _, r in appstate.compare_runs(
+        tiny_target, ["pld"], prompts, DecodeSettings(max_new_tokens=12, chat_template=False),
+        progress=lambda f, t: seen.append(f))]
+    assert [(r.prompt_id, r.method) for r in runs] == [("p1", "ar"), ("p1", "pld"),
+                                                        ("p2", "ar"), ("p2", "pld")]
+    assert seen and seen == sorted(seen) and 0 <= seen[0] and seen[-1] <= 1.0
+    per = viz.compare_runs_table(runs)
+    assert per["identical_to_ar"].all()          # greedy speculative decoding is lossless
+    assert (per[per.method == "ar"].target_forwards == per[per.method == "ar"].new_tokens).all()
+
+
 @pytest.mark.parametrize("data, msg", [
     (b"", "empty"),
     (b"\xff\xfe garbage", "UTF-8"),
@@ -210,7 +225,7 @@ def test_run_to_end_then_reset():
     assert not at.exception and any("finished" in i.value for i in at.info)
     at.button(key="reset").click().run()
     assert_clean(at)
-    assert "dec_trace" not in at.session_state
+    assert at.session_state["dec_trace"].num_rounds == 0
     # a fresh session is ready (its prefill done), with no rounds yet
     assert at.session_state["dec_session"] is not session
     assert at.session_state["dec_session"].rounds == []
@@ -227,6 +242,28 @@ def test_changing_settings_starts_a_new_run():
     trace = at.session_state["dec_trace"]
     assert trace.meta["method"] == "ar" and trace.num_rounds == 1
     assert 'class="tok bonus t-nodraft' in tokens_markup(at)
+
+
+@pytest.mark.integration
+def test_sampling_mode_and_settings_survive_page_switches():
+    at = new_app()
+    at.radio(key="mode").set_value("Sampling").run()
+    at.number_input(key="temperature").set_value(0.8).run()
+    at.number_input(key="seed").set_value(7).run()
+    at.number_input(key="param_pld_num_output_tokens").set_value(5).run()
+    at.button(key="next").click().run()
+    assert_clean(at)
+    trace = at.session_state["dec_trace"]
+    assert trace.meta["settings"]["temperature"] == 0.8 and trace.meta["settings"]["seed"] == 7
+    assert len(trace.rounds[0].draft) <= 5
+    # the saved-trace page hides the sidebar; the choices must still be there on return
+    at.switch_page("pages/trace.py").run()
+    assert_clean(at)
+    at.switch_page("pages/decode.py").run()
+    assert_clean(at)
+    assert at.radio(key="mode").value == "Sampling"
+    assert at.number_input(key="param_pld_num_output_tokens").value == 5
+    assert at.session_state["dec_trace"].num_rounds == 1   # the run is kept too
 
 
 @pytest.mark.integration
@@ -274,6 +311,22 @@ def test_bad_inputs_show_errors_and_app_keeps_working():
     at.button(key="next").click().run()
     assert_clean(at)
     assert at.session_state["dec_trace"].num_rounds == 1
+
+
+@pytest.mark.integration
+def test_model_from_a_local_folder():
+    """Any HF model folder works as the target (here: the embedded model's cached folder)."""
+    from specviz.models import embedded_model_dir
+
+    folder = str(embedded_model_dir())
+    at = new_app()
+    at.radio(key="model_choice").set_value("Hugging Face id or local folder").run()
+    at.text_input(key="model_name").set_value(folder).run()
+    assert_clean(at)
+    at.button(key="next").click().run()
+    assert_clean(at)
+    trace = at.session_state["dec_trace"]
+    assert trace.meta["model"] == folder and trace.num_rounds == 1
 
 
 @pytest.mark.integration

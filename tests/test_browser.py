@@ -104,6 +104,9 @@ def test_decode_page_next_round(server, browser):
         # the first visit loads (and warms up) the embedded model
         page.get_by_role("button", name="Next round").wait_for(timeout=120_000)
         page.wait_for_selector(IDLE, timeout=120_000)
+        # the (still empty) charts are drawn before the first click, so Plotly's JavaScript
+        # loads with the page rather than during the first rounds
+        page.wait_for_selector("[data-testid='stPlotlyChart'] .js-plotly-plot", timeout=90_000)
         page.screenshot(path=str(ARTIFACTS / "decode-start.png"))
         latencies = []
         for i in range(1, 4):
@@ -117,7 +120,6 @@ def test_decode_page_next_round(server, browser):
         assert page.locator(".specviz-tokens .tok.bonus").count() == 3  # one per round
         title = page.locator(".specviz-tokens .tok.rejected").first.get_attribute("title")
         assert "Round 1" in title and "target prob p" in title and "drafter prob q" in title
-        page.wait_for_selector("[data-testid='stPlotlyChart'] .js-plotly-plot", timeout=90_000)
         assert page.locator("[data-testid='stPlotlyChart']").count() == 3
         assert page.locator("[data-testid='stException']").count() == 0
         # the screenshot a reviewer looks at: tokens, legend, metrics and a chart
@@ -141,6 +143,37 @@ def test_decode_page_next_round(server, browser):
               [round(x, 3) for x in latencies])
     finally:
         page.close()
+
+
+def _committed_text(page) -> str:
+    return page.eval_on_selector_all(
+        ".specviz-tokens .tok:not(.rejected)", "els => els.map(e => e.textContent).join('')")
+
+
+def test_two_tabs_at_once(server, browser):
+    """Two tabs (two Streamlit sessions) share the cached model; clicking in both at the same
+    time must give each its own, correct run (separate Sessions and KV caches)."""
+    ctxs = [browser.new_context(viewport={"width": 1200, "height": 900}) for _ in range(2)]
+    pages = [c.new_page() for c in ctxs]
+    try:
+        for p in pages:
+            p.goto(server + "/", wait_until="domcontentloaded")
+            p.get_by_role("button", name="Next round").wait_for(timeout=120_000)
+            p.wait_for_selector(IDLE, timeout=120_000)
+        for i in range(1, 4):
+            for p in pages:  # click both before waiting for either
+                p.get_by_role("button", name="Next round").click()
+            for p in pages:
+                p.wait_for_function(_max_round_js(), arg=i, timeout=60_000)
+                p.wait_for_selector(IDLE, timeout=60_000)
+        texts = [_committed_text(p) for p in pages]
+        assert texts[0] and texts[0] == texts[1]
+        for p in pages:
+            assert p.locator("[data-testid='stException']").count() == 0
+            assert p.locator(".specviz-tokens .tok.bonus").count() == 3
+    finally:
+        for c in ctxs:
+            c.close()
 
 
 def test_open_saved_trace_page(server, browser, tmp_path):

