@@ -27,6 +27,7 @@ import streamlit as st  # noqa: E402
 from specviz import appstate  # noqa: E402
 from specviz.drafters import METHODS  # noqa: E402
 from specviz.errors import SpecvizError  # noqa: E402
+from specviz.viz.adapld import ADAPLD_METHODS, PARAM_HELP as ADAPLD_PARAM_HELP  # noqa: E402
 
 st.set_page_config(page_title="specviz — speculative decoding, step by step", page_icon="⚡",
                    layout="wide", initial_sidebar_state="expanded")
@@ -111,16 +112,21 @@ def sidebar(examples: list[dict]) -> None:
         for spec in appstate.method_param_specs(method):
             key = f"param_{method}_{spec.name}"
             ss.setdefault(key, spec.default)
+            hlp = spec.help or (ADAPLD_PARAM_HELP.get(spec.name, "")
+                                if method in ADAPLD_METHODS else "")
             if spec.kind == "bool":
-                params[spec.name] = st.checkbox(spec.label, key=key, help=spec.help or None)
+                params[spec.name] = st.checkbox(spec.label, key=key, help=hlp or None)
             elif spec.kind == "int":
                 params[spec.name] = st.number_input(spec.label, step=1, key=key,
-                                                    help=spec.help or None)
+                                                    help=hlp or None)
             elif spec.kind == "float":
                 params[spec.name] = st.number_input(spec.label, step=0.05, key=key,
-                                                    help=spec.help or None)
+                                                    help=hlp or None)
             else:
-                params[spec.name] = st.text_input(spec.label, key=key, help=spec.help or None)
+                params[spec.name] = st.text_input(spec.label, key=key, help=hlp or None)
+
+        if method in ADAPLD_METHODS:
+            st.caption("See the **AdaPLD** page for where each draft comes from.")
 
         st.markdown("**Decoding**")
         st.radio("Verification", ["Greedy", "Sampling"], key="mode", horizontal=True,
@@ -186,6 +192,8 @@ def main() -> None:
                 url_path="compare-methods"),
         st.Page("pages/trace.py", title="Open a saved trace", icon=":material/upload_file:",
                 url_path="open-trace"),
+        st.Page("pages/adapld.py", title="AdaPLD: where drafts come from",
+                icon=":material/account_tree:", url_path="adapld-drafts"),
     ]
     page = st.navigation(pages)
     st.html(PAGE_CSS)

@@ -13,7 +13,6 @@ import hashlib
 import inspect
 import json
 import threading
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator

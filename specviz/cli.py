@@ -118,7 +118,11 @@ def cmd_bench(args) -> int:
                               top_p=args.top_p, seed=args.seed).validate()
     prompts = []
     for d in args.data:
-        prompts += load_prompts(d, limit=args.limit,
+        limit = args.limit
+        head, _, tail = d.rpartition(":")
+        if head and tail.isdigit():  # FILE:N overrides --limit for that file
+            d, limit = head, int(tail)
+        prompts += load_prompts(d, limit=limit,
                                 categories=args.categories.split(",") if args.categories else None)
     methods = [m for m in args.methods.split(",") if m.strip()]
     params = json.loads(args.params) if args.params else {}
@@ -179,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("--methods", default="ar,pld")
     p.add_argument("--data", action="append", required=True,
-                   help="prompt file (Spec-Bench, GSM8K, MBPP, Alpaca jsonl, examples, or .txt); repeatable")
+                   help="prompt file (Spec-Bench, GSM8K, MBPP, Alpaca jsonl, examples, or .txt); "
+                   "FILE:N keeps N prompts per category of that file; repeatable")
     p.add_argument("--limit", type=int, default=None, help="first N prompts per category")
     p.add_argument("--categories", default=None, help="comma-separated categories to keep")
     p.add_argument("--params", default=None, help="JSON: per-method settings")

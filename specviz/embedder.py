@@ -11,7 +11,6 @@ with the pip command that fixes it; AdaPLD turns that into its documented behavi
 from __future__ import annotations
 
 import importlib.util
-import os
 import threading
 from pathlib import Path
 
@@ -68,7 +67,6 @@ def load_minilm(device: str = "cpu"):
     with _lock:
         model = _models.get(key)
         if model is None:
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
             try:
                 from sentence_transformers import SentenceTransformer
             except ImportError as exc:  # pragma: no cover - a requirement of the project

@@ -58,3 +58,62 @@ def embedded_target():
     from specviz.models import load_target
 
     return load_target("default")
+
+
+def example_prompts(n_per_category: int) -> list[dict]:
+    """The first ``n_per_category`` prompts of each category in examples/prompts.jsonl."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "prompts.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    seen: dict[str, int] = {}
+    out = []
+    for r in rows:
+        if seen.get(r["category"], 0) < n_per_category:
+            seen[r["category"]] = seen.get(r["category"], 0) + 1
+            out.append(r)
+    return out
+
+
+def first_two_token_counts(target, prompt, drafter_fn, n, settings_kw, on_trace=None):
+    """Run ``n`` seeded speculative-sampling sessions (2 new tokens each) and return
+    (empirical counts, exact joint law p(x1) p(x2|x1)) of the first two generated tokens.
+    Token 0 must be the EOS: a run that stops after it is counted as (0, 0)."""
+    from specviz.engine import DecodeSettings, Session
+    from specviz.verify import warp_probs
+
+    vocab = target.model.config.vocab_size
+    with torch.no_grad():
+        p1 = warp_probs(target.model(torch.tensor([prompt])).logits[0, -1], **settings_kw)
+        exact = torch.zeros(vocab, vocab)
+        for a in range(vocab):
+            p2 = warp_probs(target.model(torch.tensor([prompt + [a]])).logits[0, -1], **settings_kw)
+            exact[a] = p1[a] * p2
+        exact[0] = 0.0
+        exact[0, 0] = p1[0]
+    counts = torch.zeros(vocab, vocab)
+    for seed in range(n):
+        tr = Session(target, drafter_fn(seed), prompt,
+                     DecodeSettings(max_new_tokens=2, seed=seed, **settings_kw)).run()
+        if on_trace:
+            on_trace(tr)
+        out = tr.output_ids + [0] * (2 - len(tr.output_ids))
+        counts[out[0], out[1]] += 1
+    return counts, exact
+
+
+def assert_same_law(counts, exact, tv_tol, alpha=1e-3):
+    """Chi-square goodness of fit (cells with expected count >= 5) and a TV bound."""
+    from scipy.stats import chisquare
+
+    n = float(counts.sum())
+    flat_c, flat_p = counts.flatten(), exact.flatten()
+    keep = flat_p * n >= 5
+    obs = flat_c[keep].numpy()
+    exp = (flat_p[keep] * n).numpy()
+    exp = exp * obs.sum() / exp.sum()
+    _, pval = chisquare(obs, exp)
+    tv = 0.5 * float((flat_c / n - flat_p).abs().sum())
+    assert pval > alpha, f"p-value {pval:.2e} (TV {tv:.3f})"
+    assert tv < tv_tol, f"TV {tv:.3f}"

@@ -2,11 +2,9 @@
 n-gram index, semantic windows), adaptive control, settings errors; one embedded-model run."""
 import json
 import random
-from pathlib import Path
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from specviz.analysis.stats import compare_outputs
 from specviz.drafters import METHODS, Draft, Drafter, make_drafter
@@ -15,12 +13,11 @@ from specviz.drafters.adapld import (AdaPLDDrafter, NgramIndex, WindowIndex, lex
 from specviz.drafters.base import DraftContext, VerifyFeedback
 from specviz.engine import DecodeSettings, Session, generate
 from specviz.errors import SettingsError
-from specviz.trace import Round
+from specviz.trace import Round, Trace
 from specviz.tree import TokenTree
 
-from conftest import make_tiny_target
+from conftest import assert_same_law, example_prompts, first_two_token_counts, make_tiny_target
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _repetitive_prompt(rng, vocab, length):
@@ -121,36 +118,12 @@ def test_tree_sampling_keeps_target_distribution():
     drafter = AdaPLDDrafter(semantic="off", adaptive=False, max_draft=3, max_branches=3)
     first = Session(target, drafter, prompt, DecodeSettings(max_new_tokens=2, seed=0, **st)).step()
     assert first.parents is not None and sorted(first.draft) == [4, 5, 9]
-    from specviz.verify import warp_probs
-    with torch.no_grad():
-        p1 = warp_probs(target.model(torch.tensor([prompt])).logits[0, -1], **st)
-        exact = torch.zeros(vocab, vocab)
-        for a in range(vocab):
-            p2 = warp_probs(target.model(torch.tensor([prompt + [a]])).logits[0, -1], **st)
-            exact[a] = p1[a] * p2
-        exact[0] = 0.0
-        exact[0, 0] = p1[0]  # token 0 is EOS: the run stops after it (counted as (0, 0))
-    n = 2500
-    counts = torch.zeros(vocab, vocab)
-    trees = 0
-    for seed in range(n):
-        sess = Session(target, drafter, prompt, DecodeSettings(max_new_tokens=2, seed=seed, **st))
-        tr = sess.run()
-        trees += sum(r.parents is not None for r in tr.rounds)
-        out = tr.output_ids
-        if len(out) == 1:
-            out = out + [0]
-        counts[out[0], out[1]] += 1
-    assert trees >= n
-    flat_c, flat_p = counts.flatten(), exact.flatten()
-    keep = flat_p * n >= 5
-    obs = flat_c[keep].numpy()
-    exp = (flat_p[keep] * n).numpy()
-    exp = exp * obs.sum() / exp.sum()
-    _, pval = chisquare(obs, exp)
-    tv = 0.5 * float((flat_c / n - flat_p).abs().sum())
-    assert pval > 1e-3, f"p-value {pval:.2e}"
-    assert tv < 0.12, f"TV {tv:.3f}"  # sampling noise at n=2500 over 144 cells is ~0.075
+    trees = []
+    counts, exact = first_two_token_counts(
+        target, prompt, lambda seed: drafter, 2500, st,
+        on_trace=lambda tr: trees.append(sum(r.parents is not None for r in tr.rounds)))
+    assert sum(trees) >= 2500
+    assert_same_law(counts, exact, tv_tol=0.12)  # sampling noise at n=2500 over 144 cells ~0.075
 
 
 # ------------------------------------------------------------------------------ retrieval
@@ -270,13 +243,14 @@ def test_incremental_index_equals_rebuild_and_never_rescans(tiny_target):
     assert drafter.index.resets == 1 and drafter.index.tokens == [1, 2, 3]
 
 
-def test_extras_describe_the_draft(tiny_target):
+def test_extras_describe_the_draft(tiny_target, tmp_path):
     rng = random.Random(14)
     seen = set()
-    for _ in range(6):
+    for k in range(6):
         ids = _repetitive_prompt(rng, 64, 45)
         tr = generate(tiny_target, "adapld", ids, DecodeSettings(max_new_tokens=30),
                       cost="flat", sim_threshold=0.5)
+        assert Trace.load(tr.save(tmp_path / f"t{k}.json")).to_dict() == tr.to_dict()
         toks = tr.prompt_ids + tr.output_ids
         for r in tr.rounds:
             ex = r.extras
@@ -413,8 +387,8 @@ def test_draft_length_shrinks_on_early_rejection():
 
 
 def test_highly_repetitive_prompt_grows_draft_length_on_the_engine(tiny_target):
-    """With the real engine: the tiny target repeats a cycle of its own output; draft lengths
-    grow as drafts get fully accepted."""
+    """With the real engine: where the tiny target falls into repeating itself, drafts get fully
+    accepted and the draft length grows."""
     rng = random.Random(15)
     grew = 0
     for _ in range(8):
@@ -445,7 +419,7 @@ def test_highly_repetitive_prompt_grows_draft_length_on_the_engine(tiny_target):
     (dict(free_threshold=2), "free_threshold must be between 0 and 1"),
     (dict(semantic="bert"), "semantic must be one of off, minilm, target_embed"),
     (dict(ablation="everything"), "ablation must be one of"),
-    (dict(adaptive="yes"), "adaptive must be true or false"),
+    (dict(adaptive="maybe"), "adaptive must be true or false"),
     (dict(branches=1), "branches must be true or false"),
     (dict(cost="gpu"), "cost must be one of cpu, flat"),
 ])
@@ -464,6 +438,7 @@ def test_methods_and_presets():
     assert full.semantic == sem.semantic and full.branches
     assert make_drafter("adapld", ablation="lexical").config() == lex.config()
     assert make_drafter("adapld_lex", max_draft=4).max_draft == 4
+    assert make_drafter("adapld", branches="False", adaptive="true").config()["branches"] is False
     with pytest.raises(SettingsError, match="bad settings"):
         make_drafter("adapld", not_a_setting=1)
     json.dumps(full.config())
@@ -486,14 +461,7 @@ def test_missing_embedder_package_is_a_clear_settings_error(monkeypatch):
 # ------------------------------------------------------------------------------ embedded model
 @pytest.mark.integration
 def test_adapld_greedy_lossless_on_real_prompts(embedded_target):
-    rows = [json.loads(line) for line in
-            (ROOT / "examples" / "prompts.jsonl").read_text().splitlines() if line.strip()]
-    per_cat: dict[str, int] = {}
-    prompts = []
-    for r in rows:
-        if per_cat.get(r["category"], 0) < 4:
-            per_cat[r["category"]] = per_cat.get(r["category"], 0) + 1
-            prompts.append(r)
+    prompts = example_prompts(4)
     assert len(prompts) >= 20
     settings = DecodeSettings(max_new_tokens=32)
     identical = accepted = 0

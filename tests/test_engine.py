@@ -4,7 +4,6 @@ import random
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from specviz.analysis.stats import compare_outputs
 from specviz.drafters import Draft, Drafter, make_drafter
@@ -14,7 +13,7 @@ from specviz.errors import PromptError, SettingsError, SpecvizError, TraceError
 from specviz.trace import Trace
 from specviz.tree import TokenTree
 
-from conftest import make_tiny_target
+from conftest import assert_same_law, first_two_token_counts, make_tiny_target
 
 
 def _hf_greedy(target, ids, n):
@@ -148,36 +147,13 @@ def test_sampling_session_keeps_target_distribution(kind):
     target = make_tiny_target(vocab_size=vocab, seed=5, layers=1, eos=0)
     with torch.no_grad():
         target.model.lm_head.weight.mul_(0.15)  # soften: many tokens have mass
-    prompt = [3, 7, 5]
-    st = dict(temperature=0.9, top_p=0.95)
-    from specviz.verify import warp_probs
-    with torch.no_grad():
-        p1 = warp_probs(target.model(torch.tensor([prompt])).logits[0, -1], **st)
-        exact = torch.zeros(vocab, vocab)
-        for a in range(vocab):
-            p2 = warp_probs(target.model(torch.tensor([prompt + [a]])).logits[0, -1], **st)
-            exact[a] = p1[a] * p2
-        exact[0] = 0.0
-        exact[0, 0] = p1[0]  # token 0 is EOS: the run stops after it (counted as (0, 0))
-    n = 6000
-    counts = torch.zeros(vocab, vocab)
-    for seed in range(n):
-        drafter = QDrafter(vocab, 3, seed=1000 + seed) if kind == "with_q" else PointDrafter([4, 9, 2])
-        sess = Session(target, drafter, prompt,
-                       DecodeSettings(max_new_tokens=2, seed=seed, **st))
-        out = sess.run().output_ids
-        if len(out) == 1:  # EOS (token 0) as first token
-            out = out + [0]
-        counts[out[0], out[1]] += 1
-    flat_c, flat_p = counts.flatten(), exact.flatten()
-    keep = flat_p * n >= 5
-    obs = flat_c[keep].numpy()
-    exp = (flat_p[keep] * n).numpy()
-    exp = exp * obs.sum() / exp.sum()
-    _, pval = chisquare(obs, exp)
-    tv = 0.5 * float((flat_c / n - flat_p).abs().sum())
-    assert pval > 1e-3, f"p-value {pval:.2e}"
-    assert tv < 0.09, f"TV {tv:.3f}"
+    if kind == "with_q":
+        drafter_fn = lambda seed: QDrafter(vocab, 3, seed=1000 + seed)  # noqa: E731
+    else:
+        drafter_fn = lambda seed: PointDrafter([4, 9, 2])  # noqa: E731
+    counts, exact = first_two_token_counts(target, [3, 7, 5], drafter_fn, 6000,
+                                           dict(temperature=0.9, top_p=0.95))
+    assert_same_law(counts, exact, tv_tol=0.09)
 
 
 def test_pld_matches_transformers_prompt_lookup():

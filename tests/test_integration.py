@@ -1,24 +1,12 @@
 """Integration on the embedded SmolLM2-135M-Instruct: PLD is lossless on real prompts."""
-import json
-from pathlib import Path
-
 import pytest
 
 from specviz.analysis.stats import compare_outputs
 from specviz.engine import DecodeSettings, generate
 
+from conftest import example_prompts
+
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def example_prompts(n_per_category: int):
-    rows = [json.loads(l) for l in (ROOT / "examples" / "prompts.jsonl").read_text().splitlines() if l.strip()]
-    out, seen = [], {}
-    for r in rows:
-        if seen.get(r["category"], 0) < n_per_category:
-            seen[r["category"]] = seen.get(r["category"], 0) + 1
-            out.append(r)
-    return out
 
 
 def test_pld_greedy_lossless_on_real_prompts(embedded_target):

@@ -14,6 +14,19 @@ METHODS = {
     "adapld_sem": "AdaPLD ablation: lexical + semantic retrieval, single chain",
 }
 
+#: Sidebar widgets per method (name -> default; the drafter validates the ranges). Methods not
+#: listed get their drafter class's keyword arguments. The AdaPLD ablations leave out what their
+#: preset fixes (adapld_lex: semantic off, no branches; adapld_sem: no branches).
+METHOD_PARAMS = {
+    "adapld": {"max_ngram": 4, "min_ngram": 1, "max_draft": 8, "max_branches": 3,
+               "node_budget": 24, "semantic": "target_embed", "window": 8, "adaptive": True,
+               "cost": "cpu"},
+    "adapld_sem": {"max_ngram": 4, "min_ngram": 1, "max_draft": 8, "semantic": "target_embed",
+                   "window": 8, "adaptive": True, "cost": "cpu"},
+    "adapld_lex": {"max_ngram": 4, "min_ngram": 1, "max_draft": 8, "adaptive": True,
+                   "cost": "cpu"},
+}
+
 
 def make_drafter(method: str, target=None, **params) -> Drafter:
     """Build a drafter by method name; ``params`` are the method's settings."""
@@ -31,4 +44,4 @@ def make_drafter(method: str, target=None, **params) -> Drafter:
 
 
 __all__ = ["ARDrafter", "Draft", "DraftContext", "Drafter", "VerifyFeedback", "PLDDrafter",
-           "AdaPLDDrafter", "METHODS", "make_drafter"]
+           "AdaPLDDrafter", "METHODS", "METHOD_PARAMS", "make_drafter"]

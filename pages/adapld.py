@@ -1,0 +1,325 @@
+"""AdaPLD page: where each draft of an AdaPLD run came from (the matched spans in the context,
+the looked-up suffix, the copied continuation), the draft tree and what the target accepted,
+retrieval kinds over the run, and an ablation (lexical → + semantic → + branches, with PLD and
+plain decoding for reference) on the same prompt. The views come from specviz.viz.adapld."""
+from __future__ import annotations
+
+import dataclasses
+
+import streamlit as st
+
+from pages import ui
+from specviz import appstate, viz
+from specviz.drafters import make_drafter
+from specviz.errors import SpecvizError
+from specviz.viz import adapld as va
+
+ss = st.session_state
+SOURCES = {"decode": "The Decode page's run", "page": "The run made on this page",
+           "upload": "A saved trace"}
+ABLATION_CHOICES = [("adapld_lex", "Lexical only", True), ("adapld_sem", "+ semantic", True),
+                    ("adapld", "+ branches (full AdaPLD)", True), ("pld", "PLD (reference)", True)]
+
+st.markdown("## AdaPLD: where drafts come from")
+st.caption("AdaPLD drafts by looking the end of the text up in the prompt and what was generated "
+           "so far: an exact n-gram match (**lexical**), or a window that means something similar "
+           "(**semantic**), and copies what followed it. Several matches can be merged into a "
+           "**token tree** that the target checks in one forward pass. Pick a round to see its "
+           "matches, the draft and what the target kept.")
+
+cfg, cfg_error = ui.current_config()
+ui.show_config_error(cfg_error)
+
+
+# ---------------------------------------------------------------- settings of the runs
+def run_method() -> str:
+    """The AdaPLD variant this page runs: the sidebar's method if it is one, else full AdaPLD."""
+    return cfg.method if cfg is not None and cfg.method in va.ADAPLD_METHODS else "adapld"
+
+
+def variant_params(method: str) -> dict:
+    """Settings for ``method``: the sidebar's if it is the sidebar method, else the values last
+    set for it in the sidebar (kept in the session), else the drafter's defaults."""
+    if cfg is not None and method == cfg.method:
+        return dict(cfg.params)
+    out = {}
+    for spec in appstate.method_param_specs(method):
+        key = f"param_{method}_{spec.name}"
+        if key in ss:
+            out[spec.name] = ss[key]
+    return out
+
+
+def settings_error(method: str) -> str | None:
+    """The drafter's own validation of the settings (out-of-range budgets etc.), or None."""
+    try:
+        make_drafter(method, None, **variant_params(method))
+    except SpecvizError as exc:
+        return f"{method.upper()} settings: {exc}. Fix it in the sidebar."
+    return None
+
+
+def _request_run(method: str) -> None:
+    ss["_ada_run_request"] = method
+
+
+def _run_here(method: str) -> None:
+    """Run ``method`` to the end on the sidebar's prompt and settings (progress bar)."""
+    target = ui.load_target(cfg.model)
+    if target is None:
+        return
+    run_cfg = dataclasses.replace(cfg, method=method, params=variant_params(method))
+    prog = st.progress(0.0, text=f"Running {method.upper()} …")
+    try:
+        session = appstate.new_session(target, run_cfg)
+
+        def on_progress(done: int, total: int) -> None:
+            prog.progress(min(done / max(total, 1), 1.0),
+                          text=f"Running {method.upper()} … {done}/{total} tokens")
+
+        session.run(progress=on_progress)
+        ss["ada_trace"] = session.trace()
+        ss["ada_source"] = "page"
+    except SpecvizError as exc:
+        st.error(str(exc))
+    prog.empty()
+
+
+method = run_method()
+err = settings_error(method) if cfg is not None else None
+if err:
+    st.error(err)
+
+request = ss.pop("_ada_run_request", None)
+if request and cfg is not None and not settings_error(request):
+    _run_here(request)
+
+# ---------------------------------------------------------------- which run to show
+with st.expander("Open a saved trace here", expanded=False):
+    up = st.file_uploader("Trace file (JSON)", type=["json"], key="ada_upload")
+    if up is not None and ss.get("ada_upload_id") != up.file_id:
+        ss["ada_upload_id"] = up.file_id
+        try:
+            ss["uploaded_trace"] = appstate.load_trace_bytes(up.getvalue())
+            ss["uploaded_name"] = up.name
+            ss["ada_source"] = "upload"
+            ss.pop("ada_upload_error", None)
+        except SpecvizError as exc:
+            ss["ada_upload_error"] = f"Cannot open {up.name}: {exc}"
+    if ss.get("ada_upload_error"):
+        st.error(ss["ada_upload_error"])
+
+traces = {}
+dec = ss.get("dec_trace")
+if dec is not None and dec.rounds:
+    traces["decode"] = dec
+if ss.get("ada_trace") is not None:
+    traces["page"] = ss["ada_trace"]
+if ss.get("uploaded_trace") is not None:
+    traces["upload"] = ss["uploaded_trace"]
+
+if ss.get("ada_source") not in traces:
+    adapld_first = [k for k in ("decode", "page", "upload") if k in traces
+                    and va.is_adapld_trace(traces[k])]
+    ss["ada_source"] = (adapld_first or list(traces) or ["page"])[0]
+
+bar = st.columns([2.2, 5], vertical_alignment="center")
+label = f"Run {method.upper()} on the sidebar prompt" if cfg is not None and \
+    cfg.method in va.ADAPLD_METHODS else "Run AdaPLD on the current prompt"
+bar[0].button(label, key="ada_run", type="primary", width="stretch",
+              icon=":material/play_arrow:", on_click=_request_run, args=(method,),
+              disabled=cfg is None or bool(err),
+              help="Runs to the end with the sidebar's model, prompt and decoding settings "
+                   "(the Decode page's run is not touched).")
+if len(traces) > 1:
+    with bar[1]:
+        st.radio("Show", list(traces), key="ada_source", horizontal=True,
+                 format_func=lambda k: SOURCES[k] + (f" ({ss.get('uploaded_name', 'file')})"
+                                                     if k == "upload" else ""),
+                 label_visibility="collapsed")
+source = ss["ada_source"]
+trace = traces.get(source)
+
+
+def _meta_line(t) -> str:
+    m = t.meta
+    return (f"**{str(m.get('method', '?')).upper()}** on *{m.get('model', '?')}* · "
+            f"{t.num_rounds} rounds · {t.new_tokens} tokens · tau {t.tau:.2f}"
+            + (f" · stop: {m['stop_reason']}" if m.get("stop_reason") else ""))
+
+
+if trace is None:
+    bar[1].markdown("No run yet: press the button to run "
+                    + (f"**{method.upper()}**" if cfg else "AdaPLD")
+                    + " on the sidebar prompt, or step through one on the **Decode** page.")
+elif len(traces) == 1:
+    bar[1].markdown(f"{SOURCES[source]}: " + _meta_line(trace))
+else:
+    st.markdown(_meta_line(trace))
+
+if trace is not None and not va.is_adapld_trace(trace):
+    st.warning(f"This run uses **{str(trace.meta.get('method', '?')).upper()}**, not an AdaPLD "
+               "method, so it has no retrieval details to show. Run AdaPLD on the same prompt "
+               "(or choose an AdaPLD method in the sidebar).")
+    st.button("Run AdaPLD on the current prompt", key="ada_run_switch",
+              icon=":material/account_tree:", on_click=_request_run, args=(method,),
+              disabled=cfg is None or bool(err))
+    trace = None
+elif trace is not None and not trace.rounds:
+    st.info("This run has no rounds yet.")
+    trace = None
+
+# ---------------------------------------------------------------- one round
+if trace is not None:
+    n = trace.num_rounds
+    sig = (source, id(trace), n)
+    if ss.get("_ada_sig") != sig or not 1 <= int(ss.get("ada_round", 0) or 0) <= n:
+        ss["_ada_sig"] = sig
+        ss["ada_round"] = n
+    tree_rounds = [r.index + 1 for r in trace.rounds if r.parents is not None]
+
+    def _jump(step: int) -> None:
+        cur = int(ss.get("ada_round", 1))
+        cands = [k for k in tree_rounds if (k > cur if step > 0 else k < cur)]
+        if cands:
+            ss["ada_round"] = cands[0] if step > 0 else cands[-1]
+
+    cur = int(ss["ada_round"])
+    row = st.columns([6, 1.3, 1.3], vertical_alignment="bottom")
+    with row[0]:
+        if n > 1:
+            sel = st.slider("Round", 1, n, key="ada_round",
+                            help="Every view below shows this round (the retrieval chart marks "
+                                 "it).")
+        else:
+            sel = 1
+    row[1].button("◀ tree round", key="ada_prev_tree", on_click=_jump, args=(-1,),
+                  width="stretch", disabled=not any(k < cur for k in tree_rounds),
+                  help="The previous round whose draft was a tree (several branches).")
+    row[2].button("tree round ▶", key="ada_next_tree", on_click=_jump, args=(1,),
+                  width="stretch", disabled=not any(k > cur for k in tree_rounds),
+                  help="The next round whose draft was a tree (several branches).")
+    i = sel - 1
+    st.html(va.round_summary_html(trace, i))
+
+    head = st.columns([4, 1.6], vertical_alignment="bottom")
+    head[0].markdown("##### Context: the matches, the suffix and the copied draft")
+    collapse = head[1].toggle("Only around the matches", value=True, key="ada_collapse",
+                              help="Hide long stretches of the context that no match touches.")
+    st.html(va.context_legend_html(include_css=True))
+    st.html(va.context_spans_html(trace, i, collapse=12 if collapse else None,
+                                  include_css=False))
+    matches = va.matches_table(trace, i)
+    with st.expander(f"Matches of round {sel} ({len(matches)})"):
+        if matches.empty:
+            st.caption("No match this round.")
+        else:
+            st.dataframe(matches, hide_index=True, width="stretch", column_config={
+                "score": st.column_config.NumberColumn("score", format="%.3f",
+                                                       help="Lexical: 0.5 n/max_ngram + 0.2 "
+                                                            "recency + 0.3 votes; semantic: "
+                                                            "cosine similarity"),
+                "similarity": st.column_config.NumberColumn("cosine", format="%.3f"),
+                "drafted": st.column_config.TextColumn(
+                    "drafted", help="The branch of the draft it became, or 'no' for a ranked "
+                                    "alternative that was not drafted"),
+            })
+
+    st.markdown("##### The draft and what the target kept")
+    st.plotly_chart(va.branch_tree_figure(trace, i), width="stretch", config=ui.PLOTLY_CONFIG,
+                    key="ada_fig_tree")
+    st.caption("Root = the last committed token. Green: accepted (the accepted path is bold); "
+               "red: the target checked it and disagreed; grey: below a rejected token, never "
+               "checked. The diamond is the target's own token (a correction, or a bonus after "
+               "a fully accepted draft). Hover a token for the target's probabilities.")
+
+    # ------------------------------------------------------------ retrieval over the run
+    st.markdown("##### Retrieval over the run")
+    counts = va.retrieval_counts(trace)
+    c = st.columns(5)
+    c[0].metric("Lexical rounds", counts["lexical"], help="An n-gram of the suffix matched.")
+    c[1].metric("Semantic rounds", counts["semantic"],
+                help="No lexical match of 2+ tokens; a similar window matched.")
+    c[2].metric("No match", counts["none"], help="Nothing matched: a plain decoding step.")
+    c[3].metric("Paused", counts["off"],
+                help="The matching source did not pay lately, so the adaptive control drafted "
+                     "nothing (it probes it again after 4, 8, 16, 32 rounds).")
+    c[4].metric("Tree rounds", len(tree_rounds), help="Rounds whose draft had several branches.")
+    st.plotly_chart(va.fig_retrieval(trace, i), width="stretch", config=ui.PLOTLY_CONFIG,
+                    key="ada_fig_retrieval")
+    st.dataframe(va.retrieval_table(trace), hide_index=True, width="stretch", column_config={
+        "first_token_hit": st.column_config.NumberColumn(
+            "first token accepted", format="%.2f",
+            help="Share of this source's drafted rounds whose first token was accepted"),
+        "tau": st.column_config.NumberColumn("tau", format="%.2f",
+                                             help="Mean (accepted + 1) over its rounds"),
+        "tree_rounds": "tree rounds",
+    })
+
+# ---------------------------------------------------------------- ablation
+st.markdown("##### Ablation: one component at a time, on the same prompt")
+st.caption("Each selected variant runs to the end on the sidebar's prompt and settings, after "
+           "plain decoding (**AR**, the baseline, always runs) in the same session, so wall "
+           "times and speedups are measured side by side.")
+cols = st.columns(len(ABLATION_CHOICES) + 1)
+cols[0].checkbox("AR (baseline, always)", value=True, disabled=True, key="ada_abl_ar")
+chosen = []
+for col, (m, text, default) in zip(cols[1:], ABLATION_CHOICES):
+    ss.setdefault(f"ada_abl_{m}", default)
+    if col.checkbox(text, key=f"ada_abl_{m}", help=f"method {m}"):
+        chosen.append(m)
+if st.button("Run the ablation", key="ada_abl_run", icon=":material/science:"):
+    if cfg is None:
+        st.error("Fix the settings in the sidebar first.")
+    elif not chosen:
+        st.error("Choose at least one variant to compare with plain decoding.")
+    else:
+        errors = [e for e in (settings_error(m) for m in chosen) if e]
+        if errors:
+            for e in errors:
+                st.error(e)
+        else:
+            target = ui.load_target(cfg.model)
+            if target is not None:
+                total = len(chosen) + 1
+                prog = st.progress(0.0, text=f"0 / {total} runs")
+
+                def on_progress(frac: float, text: str) -> None:
+                    prog.progress(min(max(frac, 0.0), 1.0), text=text)
+
+                prompt = appstate.ComparePrompt(cfg.prompt_id or "sidebar", "sidebar prompt",
+                                                cfg.prompt)
+                try:
+                    runs = [r for _, _, r in appstate.compare_runs(
+                        target, chosen, [prompt], cfg.settings,
+                        {m: variant_params(m) for m in chosen}, progress=on_progress)]
+                    ss["ada_abl_runs"] = runs
+                    s = cfg.settings
+                    ss["ada_abl_about"] = (
+                        f"prompt *{cfg.prompt_id or 'sidebar (edited)'}* · model *{target.name}* · "
+                        + ("greedy" if s.greedy else f"sampling T={s.temperature:g}, "
+                           f"top-p={s.top_p:g}, seed {s.seed}")
+                        + f" · up to {s.max_new_tokens} new tokens")
+                except SpecvizError as exc:
+                    st.error(str(exc))
+                prog.empty()
+
+runs = ss.get("ada_abl_runs")
+if runs:
+    table = va.ablation_table(runs)
+    if ss.get("ada_abl_about"):
+        st.caption("Ran on " + ss["ada_abl_about"])
+    st.dataframe(table, hide_index=True, width="stretch", column_config={
+        "tau": st.column_config.NumberColumn("tau", format="%.2f",
+                                             help="Mean (accepted + 1) per round"),
+        "target_forwards": st.column_config.NumberColumn("target forwards"),
+        "wall_s": st.column_config.NumberColumn("wall time (s)", format="%.2f",
+                                                help="Prefill + decoding"),
+        "speedup_vs_ar": st.column_config.NumberColumn("speedup vs AR", format="%.2f×",
+                                                       help="AR wall time ÷ this wall time"),
+        "identical_to_ar": st.column_config.CheckboxColumn(
+            "identical to AR", help="Greedy mode: the output equals plain decoding token for "
+                                    "token (empty in sampling mode)"),
+    })
+    st.plotly_chart(viz.fig_compare(table), width="stretch", config=ui.PLOTLY_CONFIG,
+                    key="ada_fig_ablation")
