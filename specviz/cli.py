@@ -34,20 +34,15 @@ def _parse_params(pairs: list[str] | None) -> dict:
 
 
 def render_terminal(trace, color: bool = True, show_rejected: bool = True) -> str:
-    """The generated text with each token coloured by its fate in its round."""
-    tt = trace.token_texts
-    parts = []
-    for r in trace.rounds:
-        n_acc = r.accepted
-        for t in r.committed[:n_acc]:
-            parts.append((GREEN, tt.get(t, "")))
-        if show_rejected and r.rejected_suffix and not r.is_tree:
-            parts.append((RED + DIM + STRIKE, "".join(tt.get(t, "") for t in r.rejected_suffix)))
-        if len(r.committed) > n_acc:
-            parts.append((CYAN if r.bonus else YELLOW, tt.get(r.committed[n_acc], "")))
+    """The generated text with each token coloured by its fate in its round (the same token
+    views the app draws: :func:`specviz.viz.tokens.token_views`)."""
+    from .viz.tokens import token_views
+
+    style = {"accepted": GREEN, "rejected": RED + DIM + STRIKE, "bonus": CYAN}
+    views = token_views(trace, rejected="all" if show_rejected and color else "none")
     if not color:
-        return "".join(text for style, text in parts if not style.startswith(RED))
-    return "".join(f"{style}{text}{RESET}" for style, text in parts)
+        return "".join(v.text for v in views)
+    return "".join(f"{style.get(v.kind, YELLOW)}{v.text}{RESET}" for v in views)
 
 
 def _print_summary(trace, file=sys.stdout) -> None:
