@@ -230,8 +230,9 @@ if trace is not None:
                     key="ada_fig_tree")
     st.caption("Root = the last committed token. Green: accepted (the accepted path is bold); "
                "red: the target checked it and disagreed; grey: below a rejected token, never "
-               "checked. The diamond is the target's own token (a correction, or a bonus after "
-               "a fully accepted draft). Hover a token for the target's probabilities.")
+               "checked. On the dotted edge: the target's own token (amber: a correction; blue: a "
+               "bonus after a fully accepted draft). Hover a token for the target's "
+               "probabilities.")
 
     # ------------------------------------------------------------ retrieval over the run
     st.markdown("##### Retrieval over the run")

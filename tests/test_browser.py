@@ -202,3 +202,41 @@ def test_open_saved_trace_page(server, browser, tmp_path):
     finally:
         page.close()
 
+
+
+def test_adapld_page(server, browser):
+    """The AdaPLD page after a run of its own: the context with the matches marked and the
+    branch tree drawn by Plotly (a tree round when the run has one)."""
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    try:
+        page.goto(server + "/", wait_until="domcontentloaded")
+        page.get_by_role("button", name="Next round").wait_for(timeout=120_000)
+        page.wait_for_selector(IDLE, timeout=120_000)
+        box = page.locator(".st-key-max_new_tokens input")   # a shorter run
+        box.fill("64")
+        box.press("Enter")
+        page.wait_for_selector(IDLE, timeout=60_000)
+        page.get_by_role("link", name="AdaPLD: where drafts come from").click()
+        run = page.get_by_role("button", name="Run AdaPLD on the current prompt")
+        run.wait_for(timeout=60_000)
+        page.wait_for_selector(IDLE, timeout=60_000)
+        run.click()
+        page.wait_for_selector(".adapld-ctx .m-suffix", timeout=120_000)
+        page.wait_for_selector(IDLE, timeout=120_000)
+        prev_tree = page.get_by_role("button", name="◀ tree round")
+        if prev_tree.is_enabled():
+            prev_tree.click()
+            page.wait_for_selector(".adapld-summary:has-text('tree:')", timeout=60_000)
+            page.wait_for_selector(IDLE, timeout=60_000)
+        page.wait_for_selector("[data-testid='stPlotlyChart'] .js-plotly-plot", timeout=90_000)
+        page.wait_for_function("() => document.querySelectorAll("
+                               "'[data-testid=\"stPlotlyChart\"] .js-plotly-plot').length >= 2",
+                               timeout=60_000)
+        assert page.locator(".adapld-ctx .m-lex, .adapld-ctx .m-sem").count() > 0
+        assert page.locator(".adapld-ctx .m-copy").count() > 0
+        assert page.locator("[data-testid='stException']").count() == 0
+        page.set_viewport_size({"width": 1440, "height": 1500})
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(ARTIFACTS / "adapld.png"))
+    finally:
+        page.close()

@@ -5,6 +5,7 @@ from ..errors import SettingsError
 from .base import ARDrafter, Draft, DraftContext, Drafter, VerifyFeedback
 from .pld import PLDDrafter
 from .adapld import AdaPLDDrafter
+from .dflash import DFlashDrafter
 
 METHODS = {
     "ar": "Plain autoregressive decoding (no draft; the baseline)",
@@ -12,6 +13,7 @@ METHODS = {
     "adapld": "AdaPLD: adaptive prompt lookup (lexical + semantic retrieval, token trees)",
     "adapld_lex": "AdaPLD ablation: lexical retrieval only, single chain",
     "adapld_sem": "AdaPLD ablation: lexical + semantic retrieval, single chain",
+    "dflash": "DFlash: block-diffusion drafter on the target's hidden states (needs a checkpoint)",
 }
 
 #: Sidebar widgets per method (name -> default; the drafter validates the ranges). Methods not
@@ -25,6 +27,8 @@ METHOD_PARAMS = {
                    "window": 8, "adaptive": True, "cost": "cpu"},
     "adapld_lex": {"max_ngram": 4, "min_ngram": 1, "max_draft": 8, "adaptive": True,
                    "cost": "cpu"},
+    # checkpoint: a local folder or hub id (required); block_size 0 = the checkpoint's own
+    "dflash": {"checkpoint": "", "block_size": 0, "draft_temperature": 0.0, "seed": 0},
 }
 
 
@@ -35,6 +39,11 @@ def make_drafter(method: str, target=None, **params) -> Drafter:
     if method in ("adapld_lex", "adapld_sem"):  # AdaPLD ablation presets
         params = {"ablation": "lexical" if method == "adapld_lex" else "semantic", **params}
         method = "adapld"
+    if method == "dflash":  # needs the target (its hidden size, embedding and LM head)
+        try:
+            return DFlashDrafter(target=target, **params)
+        except TypeError as exc:
+            raise SettingsError(f"bad settings for method 'dflash': {exc}") from exc
     if method in factories:
         try:
             return factories[method](**params)
@@ -44,4 +53,4 @@ def make_drafter(method: str, target=None, **params) -> Drafter:
 
 
 __all__ = ["ARDrafter", "Draft", "DraftContext", "Drafter", "VerifyFeedback", "PLDDrafter",
-           "AdaPLDDrafter", "METHODS", "METHOD_PARAMS", "make_drafter"]
+           "AdaPLDDrafter", "DFlashDrafter", "METHODS", "METHOD_PARAMS", "make_drafter"]

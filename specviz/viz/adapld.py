@@ -559,7 +559,7 @@ def branch_tree_figure(trace: Trace, round_index: int, show_target: bool = True)
     """The round's draft as a tree (Plotly): nodes are draft tokens (boxes with their text),
     edges parent → child, the root is the last committed token. Colours: accepted (green, its
     path drawn bold), rejected (red), not reached (grey). The target's own token (correction or
-    bonus) hangs off the last accepted node, dotted. A chain is a one-branch tree."""
+    bonus) hangs off the last accepted node on a dotted edge. A chain is a one-branch tree."""
     fig = go.Figure()
     if not 0 <= round_index < len(trace.rounds):
         return _tree_layout(fig, "No such round", 1, 1, 200)
@@ -647,7 +647,7 @@ def branch_tree_figure(trace: Trace, round_index: int, show_target: bool = True)
     if tgt is not None:
         fill, line = STATUS_COLORS[tgt[2]]
         fig.add_scatter(x=[tgt[0]], y=[tgt[1]], mode="markers", name=tgt[3],
-                        marker=dict(symbol="diamond", size=14, color=fill,
+                        marker=dict(symbol="square", size=16, color=fill,
                                     line=dict(color=line, width=2)),
                         hoverinfo="text",
                         hovertext=[html.escape(f"{tgt[3]}: {texts.get(tt, '')!r}")])
@@ -693,7 +693,8 @@ def _tree_layout(fig: go.Figure, title: str, max_x: float, rows: float, height: 
         legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0,
                     font=dict(size=11)),
         plot_bgcolor="#ffffff")
-    fig.update_xaxes(visible=False, range=[-0.6, max_x + 0.6])
+    # at least 9 columns, so short drafts keep the spacing of long ones instead of stretching
+    fig.update_xaxes(visible=False, range=[-0.6, max(max_x, 8.0) + 0.6])
     fig.update_yaxes(visible=False, range=[rows - 0.4, -0.6])  # first branch on top
     return fig
 

@@ -1,0 +1,622 @@
+"""DFlash: a block-diffusion drafter conditioned on the target's hidden states (METHODS §1).
+
+The drafter is a few Qwen3-style decoder layers that see the TARGET's hidden states as context
+and denoise one block [last committed token, MASK x (B-1)] in a single forward; slot i >= 1
+predicts the token at its own position (no shift) and the draft is the argmax of slots 1..B-1.
+Embedding and LM head are the target's (frozen, never stored in the drafter checkpoint).
+
+Architecture (checkpoint-compatible with the released z-lab ``DFlashDraftModel`` checkpoints,
+e.g. ``z-lab/Qwen3-8B-DFlash-b16``; loaded WITHOUT ``trust_remote_code``, strict key matching):
+
+* context features: the hidden states of k target layers (HF ``output_hidden_states`` index =
+  layer id + 1) concatenated on the feature dim -> ``fc`` (k*H -> H, no bias) -> ``hidden_norm``.
+* every layer: K, V = [k_proj/v_proj(context); k_proj/v_proj(block)], Q from the block only;
+  ``q_norm`` / ``k_norm`` per head (as Qwen3) on queries and on BOTH context and block keys;
+  RoPE at absolute positions (context 0..n-1, block n..n+B-1); no mask at all (bidirectional
+  inside the block, full attention to the context); GQA.
+  Design choice, following the public reference: the context features (after fc + hidden_norm)
+  go to k_proj / v_proj DIRECTLY -- they are not passed through the layer's input_layernorm, and
+  every layer projects the same features (so per-layer context K/V can be cached exactly).
+* decoder layer: x += attn(input_layernorm(x), ctx); x += mlp(post_attention_layernorm(x));
+  then the final ``norm`` and the target's LM head.
+* weights: ``fc.weight``, ``hidden_norm.weight``, ``norm.weight``,
+  ``layers.{i}.{input_layernorm,post_attention_layernorm}.weight``,
+  ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``, ``layers.{i}.self_attn.{q,k}_norm.weight``,
+  ``layers.{i}.mlp.{gate,up,down}_proj.weight``; plus, only for targets without a spare
+  embedding row, ``mask_embedding`` [H] (config ``dflash_config.learned_mask_embedding: true``).
+  Sliding-window layers (``use_sliding_window``) are not supported and rejected at load time.
+
+Runtime (:class:`DFlashDrafter`): the drafter keeps a per-layer cache of the context K/V,
+one row per committed position except the last committed token (which is the block's slot 0):
+the prefill hidden states fill it in ``begin``; ``observe`` appends only the newly committed rows
+of the verify forward (``feedback.kept_rows``), so no extra target forward is ever run.
+
+Sampling: by default the draft is the argmax of each slot and ``Draft.q`` is None, i.e. the
+verifier treats it as a point mass (accept x with prob p(x)) -- lossless for greedy and sampled
+verification alike; ``q_token`` then carries the drafter's softmax prob for display only. With
+``draft_temperature > 0`` the drafter instead SAMPLES each slot from softmax(logits / T_d) with
+its own seeded generator and returns those distributions as ``q`` (Leviathan acceptance
+min(1, p/q)); this is lossless too because slot distributions depend only on the committed
+prefix, never on the other draft tokens.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import SettingsError
+from ..models import ModelLoadError
+from .base import Draft, DraftContext, Drafter, VerifyFeedback
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+ARCHITECTURE = "DFlashDraftModel"
+MAX_BLOCK_SIZE = 64
+
+
+# --------------------------------------------------------------------------- helpers
+def default_target_layer_ids(num_target_layers: int, k: int) -> list[int]:
+    """k target layer ids evenly spaced in [1, L-3] (Qwen3 36 layers, k=5 -> [1,9,17,25,33]);
+    k == 1 takes the middle layer. Small targets are clamped to valid, distinct ids."""
+    L = int(num_target_layers)
+    if L <= 0 or k <= 0:
+        raise SettingsError("DFlash needs a target with at least one layer and k >= 1")
+    if k == 1:
+        return [L // 2 if L > 1 else 0]
+    lo, hi = min(1, L - 1), max(min(1, L - 1), L - 3)
+    ids = sorted({min(L - 1, int(round(lo + i * (hi - lo) / (k - 1)))) for i in range(k)})
+    return ids
+
+
+def _rms_norm(dim: int, eps: float) -> nn.Module:
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    return Qwen3RMSNorm(dim, eps=eps)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [1, heads, T, D]; cos/sin [1, T, D]."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return x * cos + _rotate_half(x) * sin
+
+
+def _block_size_of(cfg: dict) -> int | None:
+    b = cfg.get("block_size")
+    if b is None:
+        b = (cfg.get("dflash_config") or {}).get("block_size")
+    return None if b is None else int(b)
+
+
+def _target_layer_ids_of(cfg: dict) -> list[int]:
+    dc = cfg.get("dflash_config") or {}
+    ids = dc.get("target_layer_ids")
+    if ids is None:  # the reference's fallback: k = number of drafter layers
+        ids = default_target_layer_ids(int(cfg["num_target_layers"]), int(cfg["num_hidden_layers"]))
+    return [int(i) for i in ids]
+
+
+# --------------------------------------------------------------------------- the model
+class DFlashAttention(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        H = int(cfg["hidden_size"])
+        self.n_heads = int(cfg["num_attention_heads"])
+        self.n_kv = int(cfg.get("num_key_value_heads") or self.n_heads)
+        self.head_dim = int(cfg.get("head_dim") or H // self.n_heads)
+        bias = bool(cfg.get("attention_bias", False))
+        eps = float(cfg.get("rms_norm_eps", 1e-6))
+        self.q_proj = nn.Linear(H, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(H, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(H, self.n_kv * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, H, bias=bias)
+        self.q_norm = _rms_norm(self.head_dim, eps)
+        self.k_norm = _rms_norm(self.head_dim, eps)
+
+    def kv(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (k_norm + RoPE) and values [1, kv_heads, T, D] of x [1, T, H]."""
+        b, t, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        return _rope(k, cos, sin), v
+
+    def forward(self, x, ctx_k, ctx_v, cos, sin) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)
+        q = _rope(q, cos, sin)
+        k, v = self.kv(x, cos, sin)
+        k = torch.cat([ctx_k, k], dim=2)
+        v = torch.cat([ctx_v, v], dim=2)
+        rep = self.n_heads // self.n_kv
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=False,
+                                             scale=self.head_dim ** -0.5)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class DFlashMLP(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        from transformers.activations import ACT2FN
+
+        H, inter = int(cfg["hidden_size"]), int(cfg["intermediate_size"])
+        self.gate_proj = nn.Linear(H, inter, bias=False)
+        self.up_proj = nn.Linear(H, inter, bias=False)
+        self.down_proj = nn.Linear(inter, H, bias=False)
+        self.act = ACT2FN[cfg.get("hidden_act", "silu")]
+
+    def forward(self, x):
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DFlashDecoderLayer(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        H, eps = int(cfg["hidden_size"]), float(cfg.get("rms_norm_eps", 1e-6))
+        self.self_attn = DFlashAttention(cfg)
+        self.mlp = DFlashMLP(cfg)
+        self.input_layernorm = _rms_norm(H, eps)
+        self.post_attention_layernorm = _rms_norm(H, eps)
+
+    def forward(self, x, ctx_k, ctx_v, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), ctx_k, ctx_v, cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDraftModel(nn.Module):
+    """The DFlash drafter network (no embedding, no LM head). ``config`` is the checkpoint's
+    config.json as a dict (kept JSON-serialisable in ``self.config``)."""
+
+    def __init__(self, config: dict):
+        super().__init__()
+        from transformers import Qwen3Config
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+        cfg = dict(config)
+        self.config = cfg
+        H, eps = int(cfg["hidden_size"]), float(cfg.get("rms_norm_eps", 1e-6))
+        self.hidden_size = H
+        self.target_layer_ids = _target_layer_ids_of(cfg)
+        self.block_size = _block_size_of(cfg)
+        if self.block_size is None:
+            raise ModelLoadError("DFlash config has no block_size")
+        dc = cfg.get("dflash_config") or {}
+        self.learned_mask = bool(dc.get("learned_mask_embedding", False))
+        mid = dc.get("mask_token_id")
+        self.mask_token_id = None if mid is None else int(mid)
+        if self.mask_token_id is None and not self.learned_mask:
+            raise ModelLoadError("DFlash config has neither dflash_config.mask_token_id nor "
+                                 "dflash_config.learned_mask_embedding")
+        self.layers = nn.ModuleList(DFlashDecoderLayer(cfg) for _ in range(int(cfg["num_hidden_layers"])))
+        self.fc = nn.Linear(len(self.target_layer_ids) * H, H, bias=False)
+        self.hidden_norm = _rms_norm(H, eps)
+        self.norm = _rms_norm(H, eps)
+        if self.learned_mask:
+            self.mask_embedding = nn.Parameter(torch.zeros(H))
+        rope_keys = {k: cfg[k] for k in ("hidden_size", "num_attention_heads", "head_dim",
+                                         "rope_theta", "rope_parameters", "rope_scaling",
+                                         "max_position_embeddings", "partial_rotary_factor")
+                     if cfg.get(k) is not None}
+        # kept out of the module tree: no stored weights, and .to(bfloat16) must not round
+        # inv_freq (the rotary embedding computes cos/sin in float32)
+        self._rotary = [Qwen3RotaryEmbedding(Qwen3Config(**rope_keys))]
+
+    # -- init (new drafters)
+    def init_weights(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                elif name.endswith(".bias"):
+                    p.zero_()
+                else:
+                    p.copy_(torch.randn(p.shape, generator=generator) * std)
+
+    # -- building blocks
+    def rope(self, positions: torch.Tensor, like: torch.Tensor):
+        rot = self._rotary[0]
+        if rot.inv_freq.device != like.device:
+            rot.to(like.device)
+        return rot(like, positions.view(1, -1).to(like.device))
+
+    def context_features(self, feats: torch.Tensor) -> torch.Tensor:
+        """[1, T, k*H] concatenated target hidden states -> [1, T, H] (fc + hidden_norm)."""
+        return self.hidden_norm(self.fc(feats))
+
+    def context_kv(self, feats: torch.Tensor, positions: torch.Tensor) -> list[tuple]:
+        """Per-layer (K, V) of the context rows ``feats`` [1, T, k*H] at ``positions`` [T]."""
+        c = self.context_features(feats)
+        cos, sin = self.rope(positions, c)
+        return [layer.self_attn.kv(c, cos, sin) for layer in self.layers]
+
+    def forward_block(self, block_emb: torch.Tensor, ctx_kv: list[tuple], start: int) -> torch.Tensor:
+        """Final hidden states [1, B, H] of the block embedded as ``block_emb`` [1, B, H] whose
+        slot 0 sits at absolute position ``start``, given per-layer context K/V."""
+        pos = torch.arange(start, start + block_emb.shape[1])
+        cos, sin = self.rope(pos, block_emb)
+        x = block_emb
+        for layer, (k, v) in zip(self.layers, ctx_kv):
+            x = layer(x, k, v, cos, sin)
+        return self.norm(x)
+
+    def forward(self, block_emb: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        """No-cache reference path: context [1, n, k*H] of positions 0..n-1, block at n."""
+        n = context.shape[1]
+        return self.forward_block(block_emb, self.context_kv(context, torch.arange(n)), n)
+
+
+# --------------------------------------------------------------------------- checkpoints
+def _published_keys(cfg: dict) -> list[str]:
+    keys = ["fc.weight", "hidden_norm.weight", "norm.weight"]
+    for i in range(int(cfg["num_hidden_layers"])):
+        p = f"layers.{i}."
+        keys += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+        keys += [f"{p}self_attn.{n}_proj.weight" for n in "qkvo"]
+        keys += [f"{p}self_attn.{n}_norm.weight" for n in "qk"]
+        keys += [f"{p}mlp.{n}_proj.weight" for n in ("gate", "up", "down")]
+    return keys
+
+
+def _few(items, n: int = 4) -> str:
+    items = sorted(items)
+    return ", ".join(items[:n]) + (f" (+{len(items) - n} more)" if len(items) > n else "")
+
+
+def resolve_checkpoint(checkpoint: str | Path) -> Path:
+    """A local folder, or a hub id fetched with snapshot_download (only if the hub is reachable;
+    otherwise from the local HF cache)."""
+    from ..models import hub_reachable
+
+    if checkpoint is None or not str(checkpoint).strip():
+        raise SettingsError("dflash needs checkpoint=PATH_OR_HUB_ID (a trained DFlash drafter)")
+    path = Path(str(checkpoint)).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelLoadError(f"DFlash checkpoint {path} is a file, not a folder")
+        return path
+    name = str(checkpoint).strip()
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", name):
+        raise ModelLoadError(f"DFlash checkpoint '{name}' is neither a local folder nor a hub id")
+    from huggingface_hub import snapshot_download
+
+    online = hub_reachable()
+    try:
+        return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors"],
+                                      local_files_only=not online))
+    except Exception as exc:  # noqa: BLE001 - one clear line for the user
+        where = "download failed" if online else "not in the local cache and the hub is unreachable"
+        raise ModelLoadError(f"cannot fetch DFlash checkpoint '{name}': {where}") from exc
+
+
+def load_dflash_checkpoint(checkpoint: str | Path, device: str | torch.device = "cpu",
+                           dtype: torch.dtype | None = None) -> DFlashDraftModel:
+    """Load a DFlash drafter (config.json + *.safetensors) with strict key/shape matching."""
+    from safetensors.torch import load_file
+
+    folder = resolve_checkpoint(checkpoint)
+    cfg_path = folder / CONFIG_NAME
+    if not cfg_path.is_file():
+        raise ModelLoadError(f"DFlash checkpoint {folder} has no {CONFIG_NAME}")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"DFlash {cfg_path} is not valid JSON: {exc}") from exc
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"DFlash {cfg_path} is not a JSON object")
+    arch = cfg.get("architectures") or []
+    if ARCHITECTURE not in arch:
+        raise ModelLoadError(f"{folder} is not a DFlash drafter: architectures {arch} "
+                             f"(expected ['{ARCHITECTURE}'])")
+    missing_cfg = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                               "intermediate_size", "dflash_config") if k not in cfg]
+    if missing_cfg:
+        raise ModelLoadError(f"DFlash config misses {', '.join(missing_cfg)}")
+    if cfg.get("use_sliding_window") and cfg.get("sliding_window"):
+        raise ModelLoadError("sliding-window DFlash drafters are not supported")
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"DFlash checkpoint {folder} has no {WEIGHTS_NAME}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            state.update(load_file(str(f)))
+        except Exception as exc:  # noqa: BLE001
+            raise ModelLoadError(f"cannot read DFlash weights {f.name}: {exc}") from exc
+    try:
+        model = DFlashDraftModel(cfg)
+    except ModelLoadError:
+        raise
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelLoadError(f"bad DFlash config: {exc}") from exc
+    want = model.state_dict()
+    unexpected = set(state) - set(want)
+    missing = set(want) - set(state)
+    if unexpected or missing:
+        parts = []
+        if unexpected:
+            parts.append(f"unexpected weight keys: {_few(unexpected)}")
+        if missing:
+            parts.append(f"missing weight keys: {_few(missing)}")
+        raise ModelLoadError(f"DFlash checkpoint {folder.name} does not match the "
+                             f"DFlashDraftModel layout; " + "; ".join(parts))
+    bad = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in want.items()
+           if tuple(state[k].shape) != tuple(v.shape)]
+    if bad:
+        raise ModelLoadError(f"DFlash weight shapes do not match its config: {_few(bad, 3)}")
+    model.load_state_dict(state, strict=True)
+    model.eval().requires_grad_(False)
+    return model.to(device=device, dtype=dtype or next(iter(state.values())).dtype)
+
+
+_LOADED: dict[tuple, DFlashDraftModel] = {}
+_LOADED_MAX = 2
+
+
+def _load_cached(checkpoint, device, dtype) -> DFlashDraftModel:
+    """Load once per (folder, weights mtime, device, dtype): the bench and the app build a new
+    drafter per prompt/session, and the weights are read-only at inference time."""
+    folder = resolve_checkpoint(checkpoint)
+    stamp = tuple(sorted((f.name, f.stat().st_mtime_ns) for f in folder.glob("*.safetensors")))
+    cfg = folder / CONFIG_NAME
+    key = (str(folder.resolve()), stamp, cfg.stat().st_mtime_ns if cfg.is_file() else None,
+           str(device), str(dtype))
+    if key not in _LOADED:
+        model = load_dflash_checkpoint(folder, device=device, dtype=dtype)
+        while len(_LOADED) >= _LOADED_MAX:
+            _LOADED.pop(next(iter(_LOADED)))
+        _LOADED[key] = model
+    return _LOADED[key]
+
+
+def save_dflash_checkpoint(model: DFlashDraftModel, folder: str | Path) -> Path:
+    """Write config.json + model.safetensors in the published DFlash layout."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = dict(model.config)
+    cfg["architectures"] = [ARCHITECTURE]
+    cfg["model_type"] = "qwen3"
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    if state:
+        cfg["dtype"] = str(next(iter(state.values())).dtype).replace("torch.", "")
+    (folder / CONFIG_NAME).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+    return folder
+
+
+def _target_dims(target) -> dict[str, Any]:
+    tc = target.model.config
+    tc = getattr(tc, "text_config", None) or tc
+    H = int(tc.hidden_size)
+    heads = int(tc.num_attention_heads)
+    return {"hidden_size": H, "num_layers": int(tc.num_hidden_layers),
+            "vocab": int(target.model.get_input_embeddings().num_embeddings),
+            "heads": heads, "kv_heads": int(getattr(tc, "num_key_value_heads", None) or heads),
+            "head_dim": int(getattr(tc, "head_dim", None) or H // heads),
+            "intermediate_size": int(getattr(tc, "intermediate_size", None) or 4 * H),
+            "rms_norm_eps": float(getattr(tc, "rms_norm_eps", 1e-6) or 1e-6),
+            "rope_parameters": dict(getattr(tc, "rope_parameters", None) or {"rope_type": "default",
+                                                                            "rope_theta": 10000.0}),
+            "max_position_embeddings": int(getattr(tc, "max_position_embeddings", 2048) or 2048)}
+
+
+def new_dflash_for_target(target, num_layers: int = 1, block_size: int = 8,
+                          target_layer_ids: list[int] | None = None, num_target_features: int | None = None,
+                          mask_token_id: int | None = None, intermediate_size: int | None = None,
+                          seed: int = 0) -> DFlashDraftModel:
+    """A randomly initialised DFlash drafter sized for ``target`` (tests now, training later).
+    Without ``mask_token_id`` the drafter gets a learned ``mask_embedding`` (no spare row)."""
+    d = _target_dims(target)
+    if not 2 <= int(block_size) <= MAX_BLOCK_SIZE:
+        raise SettingsError(f"block_size must be between 2 and {MAX_BLOCK_SIZE}")
+    if target_layer_ids is None:
+        target_layer_ids = default_target_layer_ids(
+            d["num_layers"], num_target_features or min(5, d["num_layers"]))
+    rope = d["rope_parameters"]
+    cfg = {
+        "architectures": [ARCHITECTURE], "model_type": "qwen3", "attention_bias": False,
+        "attention_dropout": 0.0, "block_size": int(block_size),
+        "dflash_config": {"mask_token_id": mask_token_id,
+                          "target_layer_ids": [int(i) for i in target_layer_ids]},
+        "head_dim": d["head_dim"], "hidden_act": "silu", "hidden_size": d["hidden_size"],
+        "initializer_range": 0.02, "intermediate_size": int(intermediate_size or d["intermediate_size"]),
+        "max_position_embeddings": d["max_position_embeddings"],
+        "num_attention_heads": d["heads"], "num_hidden_layers": int(num_layers),
+        "num_key_value_heads": d["kv_heads"], "num_target_layers": d["num_layers"],
+        "rms_norm_eps": d["rms_norm_eps"], "rope_theta": float(rope.get("rope_theta", 10000.0)),
+        "rope_parameters": rope, "tie_word_embeddings": False, "use_sliding_window": False,
+        "sliding_window": None, "vocab_size": d["vocab"],
+    }
+    if mask_token_id is None:
+        cfg["dflash_config"]["learned_mask_embedding"] = True
+    model = DFlashDraftModel(cfg)
+    model.init_weights(generator=torch.Generator().manual_seed(int(seed)))
+    _check_compatible(model, target)
+    return model.to(device=target.device, dtype=target.dtype).eval()
+
+
+def _check_compatible(model: DFlashDraftModel, target) -> None:
+    """Raise ModelLoadError naming the first mismatch between a drafter and a target."""
+    d = _target_dims(target)
+    if model.hidden_size != d["hidden_size"]:
+        raise ModelLoadError(f"DFlash hidden size {model.hidden_size} != target hidden size "
+                             f"{d['hidden_size']}: the drafter was trained for another target")
+    vocab = model.config.get("vocab_size")
+    if vocab is not None and int(vocab) != d["vocab"]:
+        raise ModelLoadError(f"DFlash vocab size {vocab} != target vocab size {d['vocab']}")
+    if not model.learned_mask and not 0 <= model.mask_token_id < d["vocab"]:
+        raise ModelLoadError(f"DFlash mask_token_id {model.mask_token_id} is outside the target's "
+                             f"vocab (0..{d['vocab'] - 1})")
+    bad = [i for i in model.target_layer_ids if not 0 <= i < d["num_layers"]]
+    if bad:
+        raise ModelLoadError(f"DFlash target_layer_ids {bad} are out of range for a target with "
+                             f"{d['num_layers']} layers")
+    ntl = model.config.get("num_target_layers")
+    if ntl is not None and int(ntl) != d["num_layers"]:
+        raise ModelLoadError(f"DFlash num_target_layers {ntl} != target layers {d['num_layers']}")
+
+
+# --------------------------------------------------------------------------- the drafter
+class DFlashDrafter(Drafter):
+    """DFlash behind the engine's Drafter interface (see the module docstring)."""
+
+    name = "dflash"
+
+    def __init__(self, target=None, checkpoint: str | Path | None = None,
+                 model: DFlashDraftModel | None = None, block_size: int | None = None,
+                 draft_temperature: float = 0.0, seed: int = 0, dtype: str | torch.dtype | None = None,
+                 device: str | None = None):
+        if target is None:
+            raise SettingsError("dflash needs the target model (make_drafter('dflash', target, ...))")
+        if model is None:
+            if checkpoint is None or not str(checkpoint).strip():
+                raise SettingsError("dflash needs a trained drafter: pass checkpoint=PATH_OR_HUB_ID "
+                                    "(a folder with config.json + model.safetensors, or e.g. "
+                                    "z-lab/Qwen3-8B-DFlash-b16); no default drafter exists yet")
+        if not 0.0 <= float(draft_temperature) <= 10.0:
+            raise SettingsError("draft_temperature must be between 0 (argmax drafts) and 10")
+        dev = device or target.device
+        if isinstance(dtype, str) and dtype not in ("", "auto"):
+            dtype = getattr(torch, dtype, None)
+            if not isinstance(dtype, torch.dtype):
+                raise SettingsError("unknown dtype for dflash (use float32, bfloat16 or float16)")
+        dt = dtype if isinstance(dtype, torch.dtype) else target.dtype
+        if model is None:
+            model = _load_cached(checkpoint, dev, dt)
+        else:
+            model = model.to(device=dev, dtype=dt).eval()
+        _check_compatible(model, target)
+        ckpt_b = int(model.block_size)
+        b = ckpt_b if block_size in (None, "", 0) else int(block_size)
+        if not 2 <= b <= ckpt_b:
+            raise SettingsError(f"dflash block_size must be between 2 and the checkpoint's "
+                                f"block size {ckpt_b} (got {b})")
+        self.target = target
+        self.model = model
+        self.checkpoint = None if checkpoint is None else str(checkpoint)
+        self.block_size = b
+        self.draft_temperature = float(draft_temperature)
+        self.seed = int(seed)
+        self.device = torch.device(dev)
+        self.dtype = dt
+        self.hidden_state_layers = [i + 1 for i in model.target_layer_ids]
+        self._kv: list[list[torch.Tensor]] = []
+        self.generator = torch.Generator().manual_seed(self.seed)
+
+    # -- context cache
+    @property
+    def context_len(self) -> int:
+        return int(self._kv[0][0].shape[2]) if self._kv else 0
+
+    def _reset(self) -> None:
+        self._kv = []
+        self.generator = torch.Generator().manual_seed(self.seed)
+
+    def _crop(self, n: int) -> None:
+        if self._kv and self.context_len > n:
+            self._kv = [[k[:, :, :n], v[:, :, :n]] for k, v in self._kv]
+
+    def _append(self, hidden_states, rows: list[int] | None, start_pos: int) -> None:
+        """Append the context K/V of ``rows`` of a target forward's hidden states, the first
+        at absolute position ``start_pos`` (rows are consecutive committed positions)."""
+        if hidden_states is None:
+            raise RuntimeError("dflash needs the target's hidden states (hidden_state_layers)")
+        feats = torch.cat([hidden_states[i] for i in self.hidden_state_layers], dim=-1)
+        if rows is not None:
+            feats = feats[:, torch.as_tensor(rows, dtype=torch.long, device=feats.device)]
+        if feats.shape[1] == 0:
+            return
+        feats = feats.to(device=self.device, dtype=self.dtype)
+        pos = torch.arange(start_pos, start_pos + feats.shape[1])
+        with torch.inference_mode():
+            new = self.model.context_kv(feats, pos)
+        if not self._kv:
+            self._kv = [[k, v] for k, v in new]
+        else:
+            self._kv = [[torch.cat([k0, k], 2), torch.cat([v0, v], 2)]
+                        for (k0, v0), (k, v) in zip(self._kv, new)]
+
+    # -- Drafter interface
+    def begin(self, target, prompt_ids, prefill_hidden=None):
+        if target is not self.target:
+            _check_compatible(self.model, target)
+            self.target = target
+        self._reset()
+        if len(prompt_ids) > 1:
+            self._append(prefill_hidden, None, 0)
+
+    def block_logits(self, tokens: list[int]) -> torch.Tensor:
+        """Drafter logits [B-1, V] (float32) of slots 1..B-1 for the committed ``tokens``."""
+        n = len(tokens)
+        B = self.block_size
+        tgt = self.target.model
+        emb = tgt.get_input_embeddings()
+        dev = emb.weight.device
+        m = self.model
+        mask_id = m.mask_token_id if not m.learned_mask else tokens[-1]
+        ids = torch.tensor([[tokens[-1]] + [mask_id] * (B - 1)], device=dev)
+        with self.target.lock, torch.inference_mode():
+            x = emb(ids).to(device=self.device, dtype=self.dtype)
+            if m.learned_mask:
+                x = torch.cat([x[:, :1], m.mask_embedding.view(1, 1, -1).expand(1, B - 1, -1)], 1)
+            kv = self._kv or self._empty_kv()
+            h = m.forward_block(x, kv, n - 1)[:, 1:]
+            head = tgt.get_output_embeddings()
+            logits = head(h.to(device=head.weight.device, dtype=head.weight.dtype))
+        return logits[0].float()
+
+    def _empty_kv(self):
+        a = self.model.layers[0].self_attn
+        z = torch.zeros(1, a.n_kv, 0, a.head_dim, device=self.device, dtype=self.dtype)
+        return [(z, z) for _ in self.model.layers]
+
+    def propose(self, ctx: DraftContext) -> Draft:
+        n = len(ctx.tokens)
+        self._crop(n - 1)
+        if self.context_len != n - 1:
+            raise RuntimeError(f"dflash context cache holds {self.context_len} positions but "
+                               f"{n - 1} are committed (was observe() skipped?)")
+        k = max(0, min(self.block_size - 1, int(ctx.max_draft)))
+        extras = {"block_size": self.block_size, "confidence": []}
+        if k == 0:
+            return Draft(extras=extras)
+        logits = self.block_logits(list(ctx.tokens))[:k].cpu()
+        probs = torch.softmax(logits, dim=-1)
+        conf, top = probs.max(-1)
+        extras["confidence"] = [round(float(c), 6) for c in conf]
+        if self.draft_temperature > 0:
+            q = torch.softmax(logits / self.draft_temperature, dim=-1)
+            tokens = torch.multinomial(q, 1, generator=self.generator).squeeze(-1)
+            q_token = q.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+            return Draft(tokens=[int(t) for t in tokens], q=q,
+                         q_token=[round(float(x), 6) for x in q_token], extras=extras)
+        return Draft(tokens=[int(t) for t in top], q=None,
+                     q_token=[round(float(c), 6) for c in conf], extras=extras)
+
+    def observe(self, feedback: VerifyFeedback) -> None:
+        rnd = feedback.round
+        rows = list(feedback.kept_rows if feedback.kept_rows is not None else [0])
+        rows = rows[:len(rnd.committed)]  # an EOS / budget cut commits fewer tokens
+        start = int(rnd.start) - 1        # position of the verify input's row 0
+        self._crop(start)
+        self._append(feedback.hidden_states, rows, start)
+
+    def config(self) -> dict[str, Any]:
+        return {"checkpoint": self.checkpoint, "block_size": self.block_size,
+                "checkpoint_block_size": int(self.model.block_size),
+                "target_layer_ids": list(self.model.target_layer_ids),
+                "num_layers": len(self.model.layers), "draft_temperature": self.draft_temperature,
+                "mask": "learned" if self.model.learned_mask else int(self.model.mask_token_id)}

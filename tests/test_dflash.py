@@ -1,0 +1,305 @@
+"""DFlash drafter (METHODS §1) on tiny random targets: the published checkpoint layout loads
+strictly, greedy output is lossless, the context cache stays consistent, a drafter that knows the
+answer gets its tokens accepted, sampling keeps the target distribution, bad input fails clearly."""
+import json
+import random
+
+import pytest
+import torch
+
+from specviz.analysis.stats import compare_outputs
+from specviz.drafters import make_drafter
+from specviz.drafters.dflash import (DFlashDrafter, default_target_layer_ids,
+                                     load_dflash_checkpoint, new_dflash_for_target,
+                                     save_dflash_checkpoint)
+from specviz.engine import DecodeSettings, Session, generate
+from specviz.errors import SettingsError, SpecvizError
+from specviz.models import ModelLoadError
+
+from conftest import ToyTokenizer, assert_same_law, first_two_token_counts, make_tiny_target
+
+
+def make_tiny_qwen3(vocab_size=128, seed=0, layers=4, eos=1):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from specviz.models import target_from_model
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, max_position_embeddings=512, eos_token_id=eos, bos_token_id=0,
+                      pad_token_id=eos, tie_word_embeddings=False, rope_theta=1e6)
+    model = Qwen3ForCausalLM(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = eos
+    return target_from_model(model, ToyTokenizer(vocab_size, eos), name=f"tiny-qwen3-{seed}")
+
+
+@pytest.fixture(scope="module")
+def qwen3_target():
+    return make_tiny_qwen3()
+
+
+PUBLISHED_GLOBAL = ["fc.weight", "hidden_norm.weight", "norm.weight"]
+PUBLISHED_LAYER = ["input_layernorm.weight", "post_attention_layernorm.weight",
+                   "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                   "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+                   "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"]
+
+
+def published_config(**over):
+    """A config.json as the released z-lab checkpoints write it, sized for the tiny Qwen3."""
+    cfg = {
+        "architectures": ["DFlashDraftModel"], "attention_bias": False, "attention_dropout": 0.0,
+        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"}, "block_size": 4, "bos_token_id": 0,
+        "dflash_config": {"mask_token_id": 127, "target_layer_ids": [0, 1, 2]},
+        "dtype": "float32", "eos_token_id": 1, "head_dim": 16, "hidden_act": "silu",
+        "hidden_size": 64, "initializer_range": 0.02, "intermediate_size": 96,
+        "layer_types": ["full_attention", "full_attention"], "max_position_embeddings": 512,
+        "max_window_layers": 2, "model_type": "qwen3", "num_attention_heads": 4,
+        "num_hidden_layers": 2, "num_key_value_heads": 2, "num_target_layers": 4,
+        "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None,
+        "tie_word_embeddings": False, "transformers_version": "4.57.1", "use_cache": True,
+        "use_sliding_window": False, "vocab_size": 128,
+    }
+    cfg.update(over)
+    return cfg
+
+
+def published_weights(cfg, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    H, I, D = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    nq, nkv = cfg["num_attention_heads"] * D, cfg["num_key_value_heads"] * D
+    k = len(cfg["dflash_config"]["target_layer_ids"])
+    shapes = {"fc.weight": (H, k * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"layers.{i}."
+        shapes.update({p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
+                       p + "self_attn.q_proj.weight": (nq, H), p + "self_attn.k_proj.weight": (nkv, H),
+                       p + "self_attn.v_proj.weight": (nkv, H), p + "self_attn.o_proj.weight": (H, nq),
+                       p + "self_attn.q_norm.weight": (D,), p + "self_attn.k_norm.weight": (D,),
+                       p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
+                       p + "mlp.down_proj.weight": (H, I)})
+    return {n: (1.0 + 0.1 * torch.randn(s, generator=g)) if len(s) == 1
+            else 0.05 * torch.randn(s, generator=g) for n, s in shapes.items()}
+
+
+def write_checkpoint(folder, cfg, weights):
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
+    return folder
+
+
+def random_prompt(rng, vocab, lo=1, hi=30):
+    return [rng.randrange(2, vocab) for _ in range(rng.randint(lo, hi))]
+
+
+def reference_slot_logits(drafter, tokens):
+    """No-cache recompute: one full target forward over tokens[:-1], then the model's forward."""
+    target, m = drafter.target, drafter.model
+    B = drafter.block_size
+    with torch.no_grad():
+        hs = target.model(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states
+        ctx = torch.cat([hs[i] for i in drafter.hidden_state_layers], -1)
+        emb = target.model.get_input_embeddings()(torch.tensor([[tokens[-1]] * B]))
+        if m.learned_mask:
+            emb[0, 1:] = m.mask_embedding
+        else:
+            emb[0, 1:] = target.model.get_input_embeddings().weight[m.mask_token_id]
+        h = m(emb, ctx)[:, 1:]
+        return target.model.get_output_embeddings()(h)[0].float()
+
+
+# ----------------------------------------------------------------------------- format
+def test_default_target_layer_ids():
+    assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
+    assert default_target_layer_ids(28, 5) == [1, 7, 13, 19, 25]
+    for L in (1, 2, 3, 4, 8):
+        for k in (1, 2, 5):
+            ids = default_target_layer_ids(L, k)
+            assert ids and all(0 <= i < L for i in ids) and ids == sorted(set(ids))
+
+
+def test_published_layout_loads_strictly_and_runs(tmp_path, qwen3_target):
+    cfg = published_config()
+    weights = published_weights(cfg)
+    folder = write_checkpoint(tmp_path / "ckpt", cfg, weights)
+    drafter = make_drafter("dflash", qwen3_target, checkpoint=str(folder))
+    assert isinstance(drafter, DFlashDrafter)
+    want = PUBLISHED_GLOBAL + [f"layers.{i}.{n}" for i in range(2) for n in PUBLISHED_LAYER]
+    sd = drafter.model.state_dict()
+    assert sorted(sd) == sorted(want)
+    for k, v in weights.items():
+        assert torch.equal(sd[k], v), k
+    assert drafter.hidden_state_layers == [1, 2, 3] and drafter.block_size == 4
+    ids = [5, 17, 33, 9, 60, 2]
+    s = DecodeSettings(max_new_tokens=16)
+    tr = Session(qwen3_target, drafter, ids, s).run()
+    assert tr.output_ids == generate(qwen3_target, "ar", ids, s).output_ids
+    r = tr.rounds[0]
+    assert r.extras["block_size"] == 4 and len(r.extras["confidence"]) == len(r.draft) == 3
+    json.dumps(r.extras)
+    # the cached path equals a from-scratch recompute of the same block
+    tokens = ids + tr.output_ids[:5]
+    Session(qwen3_target, drafter, tokens, s)  # begin() refills the cache from the prefill
+    assert torch.allclose(drafter.block_logits(tokens), reference_slot_logits(drafter, tokens),
+                          atol=1e-4, rtol=1e-4)
+    # save -> load round trip writes the same layout
+    out = save_dflash_checkpoint(drafter.model, tmp_path / "saved")
+    again = load_dflash_checkpoint(out)
+    assert sorted(again.state_dict()) == sorted(want)
+    saved_cfg = json.loads((out / "config.json").read_text())
+    assert saved_cfg["architectures"] == ["DFlashDraftModel"] and saved_cfg["model_type"] == "qwen3"
+    assert saved_cfg["dflash_config"] == cfg["dflash_config"] and saved_cfg["block_size"] == 4
+
+
+def test_learned_mask_embedding_round_trip(tmp_path, tiny_target):
+    m = new_dflash_for_target(tiny_target, num_layers=1, block_size=5, seed=3)
+    assert m.learned_mask and "mask_embedding" in m.state_dict()
+    folder = save_dflash_checkpoint(m, tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["dflash_config"]["learned_mask_embedding"] is True
+    d = make_drafter("dflash", tiny_target, checkpoint=str(folder), block_size=3)
+    assert d.block_size == 3
+    assert torch.equal(d.model.mask_embedding, m.mask_embedding)
+
+
+# ----------------------------------------------------------------------------- lossless
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_greedy_lossless_and_cache_consistent(kind, tiny_target, qwen3_target):
+    target = tiny_target if kind == "llama" else qwen3_target
+    vocab = target.model.config.vocab_size
+    rng = random.Random(11)
+    for i in range(12):
+        model = new_dflash_for_target(target, num_layers=rng.randint(1, 2),
+                                      block_size=rng.choice([2, 4, 8]), seed=i,
+                                      mask_token_id=None if i % 2 else vocab - 1)
+        ids = random_prompt(rng, vocab)
+        s = DecodeSettings(max_new_tokens=rng.randint(8, 24))
+        drafter = DFlashDrafter(target, model=model)
+        sess = Session(target, drafter, ids, s)
+        assert drafter.context_len == len(ids) - 1
+        while sess.step() is not None:
+            assert drafter.context_len == len(sess.tokens) - 1
+        ar = generate(target, "ar", ids, s)
+        rep = compare_outputs(target, ids, ar.output_ids, sess.trace().output_ids)
+        assert rep.ok, f"{kind} prompt {i}: diverged at {rep.first_divergence}"
+        if i < 3 and not sess.tokens[-1] in target.eos_token_ids:
+            toks = list(sess.tokens)
+            assert torch.allclose(drafter.block_logits(toks), reference_slot_logits(drafter, toks),
+                                  atol=1e-4, rtol=1e-4)
+
+
+def test_drafter_that_knows_the_answer_is_accepted(monkeypatch, tiny_target):
+    """Force the drafter's slot logits to the target's greedy continuation: long accepts, same
+    output -- the accept path works end to end (tau > 1)."""
+    target = tiny_target
+    rng = random.Random(5)
+    for i in range(4):
+        ids = random_prompt(rng, 64, 3, 20)
+        s = DecodeSettings(max_new_tokens=24)
+        ar = generate(target, "ar", ids, s).output_ids
+        truth = ids + ar + [0] * 16
+        drafter = DFlashDrafter(target, model=new_dflash_for_target(target, block_size=6, seed=i))
+
+        def oracle(tokens, _d=drafter, _truth=truth):
+            nxt = _truth[len(tokens):len(tokens) + _d.block_size - 1]
+            logits = torch.full((_d.block_size - 1, 64), -10.0)
+            logits[torch.arange(len(nxt)), torch.tensor(nxt)] = 10.0
+            return logits
+
+        monkeypatch.setattr(drafter, "block_logits", oracle)
+        sess = Session(target, drafter, ids, s)
+        while sess.step() is not None:
+            assert drafter.context_len == len(sess.tokens) - 1
+        tr = sess.trace()
+        assert tr.output_ids == ar and tr.tau > 1.0
+        if len(ar) >= 12:
+            assert tr.tau > 3.0, tr.tau
+        assert all(r.accepted == len(r.draft) for r in tr.rounds[:-1])
+
+
+# ----------------------------------------------------------------------------- sampling
+@pytest.mark.parametrize("mode", ["argmax_point_mass", "sampled_q"])
+def test_sampling_keeps_target_distribution(mode):
+    vocab = 12
+    target = make_tiny_target(vocab_size=vocab, seed=5, layers=1, eos=0)
+    with torch.no_grad():
+        target.model.lm_head.weight.mul_(0.15)
+    model = new_dflash_for_target(target, num_layers=1, block_size=4, seed=7)
+    with torch.no_grad():  # a drafter whose slots put real mass on a few tokens
+        model.fc.weight.mul_(20.0)
+    temp = 1.0 if mode == "sampled_q" else 0.0
+    used = {"accepted": 0}
+
+    def on_trace(tr):
+        used["accepted"] += sum(r.accepted for r in tr.rounds)
+
+    def drafter_fn(seed):
+        return DFlashDrafter(target, model=model, draft_temperature=temp, seed=seed)
+
+    counts, exact = first_two_token_counts(target, [3, 7, 5], drafter_fn, 3000,
+                                           dict(temperature=0.9, top_p=0.95), on_trace=on_trace)
+    assert_same_law(counts, exact, tv_tol=0.13)
+    assert used["accepted"] > 100  # drafts were really accepted sometimes
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_bad_checkpoints_fail_clearly(tmp_path, qwen3_target, tiny_target):
+    cfg = published_config()
+    w = published_weights(cfg)
+    good = write_checkpoint(tmp_path / "good", cfg, w)
+
+    with pytest.raises(SettingsError, match="checkpoint"):
+        make_drafter("dflash", qwen3_target)
+    with pytest.raises(ModelLoadError, match="hidden size 64 != target hidden size 32"):
+        make_drafter("dflash", tiny_target, checkpoint=str(good))
+    with pytest.raises(SettingsError, match="block size 4"):
+        make_drafter("dflash", qwen3_target, checkpoint=str(good), block_size=16)
+
+    bad = write_checkpoint(tmp_path / "mask", published_config(
+        dflash_config={"mask_token_id": 151669, "target_layer_ids": [0, 1, 2]}), w)
+    with pytest.raises(ModelLoadError, match="mask_token_id 151669"):
+        make_drafter("dflash", qwen3_target, checkpoint=str(bad))
+    bad = write_checkpoint(tmp_path / "vocab", published_config(vocab_size=151936), w)
+    with pytest.raises(ModelLoadError, match="vocab size 151936"):
+        make_drafter("dflash", qwen3_target, checkpoint=str(bad))
+    bad = write_checkpoint(tmp_path / "layers", published_config(
+        dflash_config={"mask_token_id": 127, "target_layer_ids": [1, 9, 33]}), w)
+    with pytest.raises(ModelLoadError, match=r"target_layer_ids \[9, 33\]"):
+        make_drafter("dflash", qwen3_target, checkpoint=str(bad))
+
+    bad = write_checkpoint(tmp_path / "extra", cfg, {**w, "embed_tokens.weight": torch.zeros(128, 64)})
+    with pytest.raises(ModelLoadError, match="unexpected weight keys: embed_tokens.weight"):
+        make_drafter("dflash", qwen3_target, checkpoint=str(bad))
+    w2 = dict(w)
+    del w2["layers.1.mlp.up_proj.weight"]
+    bad = write_checkpoint(tmp_path / "missing", cfg, w2)
+    with pytest.raises(ModelLoadError, match="missing weight keys: layers.1.mlp.up_proj.weight"):
+        make_drafter("dflash", qwen3_target, checkpoint=str(bad))
+    w3 = {**w, "fc.weight": torch.zeros(64, 128)}
+    bad = write_checkpoint(tmp_path / "shape", cfg, w3)
+    with pytest.raises(ModelLoadError, match="fc.weight"):
+        make_drafter("dflash", qwen3_target, checkpoint=str(bad))
+
+    nocfg = tmp_path / "nocfg"
+    nocfg.mkdir()
+    (nocfg / "model.safetensors").write_bytes((good / "model.safetensors").read_bytes())
+    with pytest.raises(ModelLoadError, match="config.json"):
+        make_drafter("dflash", qwen3_target, checkpoint=str(nocfg))
+    noweights = tmp_path / "noweights"
+    noweights.mkdir()
+    (noweights / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="model.safetensors"):
+        make_drafter("dflash", qwen3_target, checkpoint=str(noweights))
+    other = write_checkpoint(tmp_path / "other", {**cfg, "architectures": ["LlamaForCausalLM"]}, w)
+    with pytest.raises(ModelLoadError, match="not a DFlash drafter"):
+        make_drafter("dflash", qwen3_target, checkpoint=str(other))
+    with pytest.raises(SpecvizError):  # not a folder, not cached, hub offline in tests
+        make_drafter("dflash", qwen3_target, checkpoint="nobody/no-such-dflash")
