@@ -297,7 +297,8 @@ if st.button("Run the ablation", key="ada_abl_run", icon=":material/science:"):
                     ss["ada_abl_runs"] = runs
                     s = cfg.settings
                     ss["ada_abl_about"] = (
-                        f"prompt *{cfg.prompt_id or 'sidebar (edited)'}* · model *{target.name}* · "
+                        f"prompt *{cfg.prompt_id or 'sidebar (edited)'}* · "
+                        f"model *{target.name}* · "
                         + ("greedy" if s.greedy else f"sampling T={s.temperature:g}, "
                            f"top-p={s.top_p:g}, seed {s.seed}")
                         + f" · up to {s.max_new_tokens} new tokens")
