@@ -1,4 +1,4 @@
-"""Command line: ``python -m specviz run | bench | show | prepare``.
+"""Command line: ``python -m specviz run | bench | show | prepare | train {rollouts,dflash}``.
 
 ``run`` decodes one prompt and prints the text coloured by what happened to each token
 (green: accepted draft token, yellow: the target's correction, cyan: bonus token after a fully
@@ -140,6 +140,62 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_train_rollouts(args) -> int:
+    from .models import load_target
+    from .train.rollouts import STORE_DTYPES, load_items, make_rollouts, parse_layers
+
+    if not 0.0 <= args.holdout < 1.0:
+        raise SpecvizError("--holdout must be in [0, 1)")
+    if args.max_new_tokens < 1 or args.batch_size < 1:
+        raise SpecvizError("--max-new-tokens and --batch-size must be at least 1")
+    if args.dtype not in STORE_DTYPES:
+        raise SpecvizError(f"--dtype must be one of {', '.join(STORE_DTYPES)}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise SpecvizError(f"--out {out} is a file, not a folder")
+    items = load_items(args.data, limit=args.limit)  # bad --data fails before the model loads
+    target = load_target(args.model, device=args.device)
+    tc = getattr(target.model.config, "text_config", None) or target.model.config
+    layers = parse_layers(args.layers, int(tc.num_hidden_layers), k=args.num_features)
+    print(f"{len(items)} prompts; tapped target layers {layers}; out {out}")
+    res = make_rollouts(target, items, out, max_new_tokens=args.max_new_tokens,
+                        batch_size=args.batch_size, layer_ids=layers, holdout=args.holdout,
+                        store_dtype=args.dtype, temperature=args.temperature, seed=args.seed,
+                        chat_template=False if args.no_chat_template else None,
+                        max_prompt_tokens=args.max_prompt_tokens, model_name=args.model,
+                        show_bar=True)
+    print(f"generated {res['generated']} rollouts ({res['new_tokens']} tokens, "
+          f"{res['tokens_per_s']:.1f} tok/s), skipped {res['skipped']} (done or too long); "
+          f"{res['total']} in {out}/manifest.jsonl")
+    return 0
+
+
+def cmd_train_dflash(args) -> int:
+    from .models import load_target
+    from .train.dflash_train import TrainConfig, train_dflash
+    from .train.rollouts import read_meta
+
+    cfg = TrainConfig(block_size=args.block_size, num_layers=args.layers, steps=args.steps,
+                      batch_size=args.batch_size, anchors_per_seq=args.anchors_per_seq,
+                      lr=args.lr, warmup=args.warmup, gamma=args.gamma,
+                      eval_every=args.eval_every, eval_rollouts=args.eval_rollouts,
+                      save_every=args.save_every, seed=args.seed,
+                      save_dtype=args.save_dtype).validate()
+    meta = read_meta(args.rollouts)  # missing / not a rollouts folder fails before the model loads
+    target = load_target(args.model or meta.get("model") or "default", device=args.device,
+                         dtype="float32")
+    res = train_dflash(target, args.rollouts, args.out, cfg, resume=args.resume, show_bar=True)
+    ev = res["eval"]
+    print(f"{res['steps_run']} steps in {res['seconds']:.0f}s ({res['steps_per_s']:.2f} steps/s); "
+          f"loss {res['loss_first'] if res['loss_first'] is None else round(res['loss_first'], 3)}"
+          f" -> {res['loss_last'] if res['loss_last'] is None else round(res['loss_last'], 3)}"
+          + (f"; simulated tau {ev['tau']:.2f} on {ev['rollouts']} eval rollouts" if ev else ""))
+    if not res["eval_rollouts"]:
+        print("note: no eval rollouts (none fell in the --holdout split), so no tau estimate")
+    print(f"drafter written to {res['out']} (use: --method dflash --param checkpoint={res['out']})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m specviz",
                                  description="Speculative decoding, step by step.")
@@ -185,6 +241,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--params", default=None, help="JSON: per-method settings")
     p.add_argument("--out", default="bench-out")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("train", help="make rollouts / train a drafter (METHODS §1)")
+    tsub = p.add_subparsers(dest="train_cmd", required=True)
+    p = tsub.add_parser("rollouts", help="target replies + tapped hidden states for training")
+    p.add_argument("--model", default="default",
+                   help="'default' (embedded SmolLM2-135M-Instruct), a HF id or a local folder")
+    p.add_argument("--device", default=None)
+    p.add_argument("--data", action="append", required=True,
+                   help="prompt file (GSM8K, Spec-Bench, MBPP, Alpaca jsonl, .txt); FILE:N keeps "
+                   "N prompts per category; repeatable")
+    p.add_argument("--limit", type=int, default=None, help="first N prompts per category")
+    p.add_argument("--out", default="rollouts")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--layers", default="auto",
+                   help="tapped target layer ids, e.g. 1,8,15,22,27; 'auto' = the DFlash default")
+    p.add_argument("--num-features", type=int, default=5, help="k layers for --layers auto")
+    p.add_argument("--holdout", type=float, default=0.05, help="fraction held aside as eval")
+    p.add_argument("--dtype", default="float16", help="storage dtype of hidden states")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy replies")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-prompt-tokens", type=int, default=None)
+    p.add_argument("--no-chat-template", action="store_true")
+    p.set_defaults(func=cmd_train_rollouts)
+    p = tsub.add_parser("dflash", help="train a DFlash drafter on rollouts")
+    p.add_argument("--rollouts", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--model", default=None, help="target (default: the rollouts' model)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--block-size", type=int, default=8)
+    p.add_argument("--layers", type=int, default=2, help="drafter decoder layers")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--batch-size", type=int, default=8, help="rollouts per step")
+    p.add_argument("--anchors-per-seq", type=int, default=16)
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--warmup", type=float, default=0.04, help="fraction of steps")
+    p.add_argument("--gamma", type=float, default=4.0, help="slot weight decay (7 for B=16)")
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--eval-rollouts", type=int, default=32)
+    p.add_argument("--save-every", type=int, default=None)
+    p.add_argument("--save-dtype", default="float32")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true")
+    p.set_defaults(func=cmd_train_dflash)
 
     p = sub.add_parser("prepare", help="convert and cache the embedded model")
     p.set_defaults(func=cmd_prepare)

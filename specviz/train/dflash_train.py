@@ -1,0 +1,366 @@
+"""DFlash training on stored rollouts (METHODS §1) and a simulated-tau evaluation.
+
+Per step: ``batch_size`` training rollouts, ``anchors_per_seq`` random anchors a in the reply
+(a in [prompt_len-1, T-2], i.e. the last committed token of some decoding state). Each block is
+[token a, MASK x (B-1)] at positions a..a+B-1 and sees the context features (the stored tapped
+hidden states) of positions < a only: the per-layer context K/V of a sequence is computed ONCE and
+every block of that sequence attends to its own prefix of it through a boolean mask. Slot k
+(1..B-1) is trained with CE against token a+k (slots past the reply end are ignored), weighted
+w_k = exp(-(k-1)/gamma), normalised over the valid slots of the batch. The target's embedding and
+LM head are frozen; only the drafter's weights (incl. the learned mask embedding) train.
+AdamW, linear warmup then cosine decay to 10 %, grad-norm clip 1.0.
+
+Output folder: ``config.json`` + ``model.safetensors`` in the published layout
+(:func:`~specviz.drafters.dflash.save_dflash_checkpoint`) and ``train_state.pt`` (float32 weights,
+optimizer, scheduler, step, RNG) for ``--resume``; ``train_log.jsonl`` records loss and eval tau.
+
+Eval (:func:`simulated_tau`): along a fixed rollout, start at the reply's first position n = P,
+draft a block from context < n-1 with anchor token n-1, accept the longest prefix equal to the
+rollout, jump to n + accepted + 1. For rollouts that are the target's greedy replies this equals
+the tau of real greedy speculative decoding with this drafter (same budget clipping as Session).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..drafters.dflash import MAX_BLOCK_SIZE, DFlashDraftModel, _rope, new_dflash_for_target
+from ..errors import SettingsError, SpecvizError
+from .rollouts import RolloutSet, read_meta
+
+STATE_NAME = "train_state.pt"
+LOG_NAME = "train_log.jsonl"
+
+
+@dataclass
+class TrainConfig:
+    block_size: int = 8
+    num_layers: int = 2
+    steps: int = 1000
+    batch_size: int = 8            # rollouts per step
+    anchors_per_seq: int = 16
+    lr: float = 6e-4
+    warmup: float = 0.04           # fraction of steps
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    gamma: float = 4.0
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    eval_rollouts: int = 32
+    save_every: int | None = None  # default: eval_every
+    seed: int = 0
+    intermediate_size: int | None = None
+    save_dtype: str = "float32"
+
+    def validate(self) -> "TrainConfig":
+        if not 2 <= int(self.block_size) <= MAX_BLOCK_SIZE:
+            raise SettingsError(f"--block-size must be between 2 and {MAX_BLOCK_SIZE}")
+        if self.num_layers < 1:
+            raise SettingsError("--layers (drafter layers) must be at least 1")
+        if self.steps < 1 or self.batch_size < 1 or self.anchors_per_seq < 1:
+            raise SettingsError("--steps, --batch-size and --anchors-per-seq must be at least 1")
+        if not self.lr > 0 or not 0 <= self.warmup < 1 or not self.gamma > 0:
+            raise SettingsError("--lr and --gamma must be > 0 and --warmup in [0, 1)")
+        if self.save_dtype not in ("float32", "bfloat16", "float16"):
+            raise SettingsError("--save-dtype must be float32, bfloat16 or float16")
+        return self
+
+
+# --------------------------------------------------------------------------- the forward
+def slot_weights(block_size: int, gamma: float) -> torch.Tensor:
+    """w_k = exp(-(k-1)/gamma) for slots k = 1..B-1 (normalised over valid slots in the loss)."""
+    k = torch.arange(1, block_size, dtype=torch.float32)
+    return torch.exp(-(k - 1) / float(gamma))
+
+
+def block_embeddings(model: DFlashDraftModel, target, anchor_tokens: torch.Tensor,
+                     block_size: int) -> torch.Tensor:
+    """[K, B, H]: the target's (frozen) embedding of each anchor token, then B-1 mask slots."""
+    emb = target.model.get_input_embeddings()
+    K = anchor_tokens.shape[0]
+    dt = next(model.parameters()).dtype
+    x0 = emb(anchor_tokens.view(K, 1).to(emb.weight.device)).to(dt)
+    if model.learned_mask:
+        m = model.mask_embedding.view(1, 1, -1).expand(K, block_size - 1, -1)
+    else:
+        m = emb.weight[model.mask_token_id].to(dt).view(1, 1, -1).expand(K, block_size - 1, -1)
+    return torch.cat([x0, m.to(x0.device)], 1)
+
+
+def forward_blocks(model: DFlashDraftModel, x: torch.Tensor, anchors: torch.Tensor,
+                   ctx_kv: list[tuple]) -> torch.Tensor:
+    """Final hidden states [K, B, H] of K blocks ``x`` [K, B, H]; block j sits at positions
+    anchors[j] .. anchors[j]+B-1 and attends to the context rows < anchors[j] of the shared
+    per-layer ``ctx_kv`` ([1, kv, n, D] each) and bidirectionally to itself.
+    Equals ``model.forward_block(x[j:j+1], [kv[:, :, :a] ...], a)`` for each j."""
+    K, B, _ = x.shape
+    pos = anchors.view(K, 1) + torch.arange(B).view(1, B)
+    cos, sin = model.rope(pos.reshape(-1), x)
+    cos, sin = cos.view(K, B, -1), sin.view(K, B, -1)
+    n = ctx_kv[0][0].shape[2]
+    ctx_ok = torch.arange(n).view(1, n) < anchors.view(K, 1)            # [K, n]
+    mask = torch.cat([ctx_ok, torch.ones(K, B, dtype=torch.bool)], 1)   # [K, n+B]
+    mask = mask.view(K, 1, 1, n + B).to(x.device)
+    for layer, (ck, cv) in zip(model.layers, ctx_kv):
+        attn = layer.self_attn
+        h = layer.input_layernorm(x)
+        q = attn.q_norm(attn.q_proj(h).view(K, B, attn.n_heads, attn.head_dim)).transpose(1, 2)
+        q = _rope(q, cos, sin)
+        k, v = attn.kv(h, cos, sin)
+        k = torch.cat([ck.expand(K, -1, -1, -1), k], 2)
+        v = torch.cat([cv.expand(K, -1, -1, -1), v], 2)
+        rep = attn.n_heads // attn.n_kv
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.head_dim ** -0.5)
+        x = x + attn.o_proj(o.transpose(1, 2).reshape(K, B, -1))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return model.norm(x)
+
+
+def sequence_context(model: DFlashDraftModel, hidden: torch.Tensor, upto: int) -> list[tuple]:
+    """Per-layer context K/V of the stored features of positions 0..upto-1."""
+    dt = next(model.parameters()).dtype
+    dev = next(model.parameters()).device
+    feats = hidden[:max(1, upto)].to(device=dev, dtype=dt).unsqueeze(0)
+    return model.context_kv(feats, torch.arange(feats.shape[1]))
+
+
+def anchor_logits(model, target, tokens: torch.Tensor, hidden: torch.Tensor,
+                  anchors: torch.Tensor, ctx_kv=None) -> torch.Tensor:
+    """Slot logits [K, B-1, V] of blocks anchored at ``anchors`` of one rollout."""
+    B = model.block_size
+    if ctx_kv is None:
+        ctx_kv = sequence_context(model, hidden, int(anchors.max()))
+    x = block_embeddings(model, target, tokens[anchors], B)
+    h = forward_blocks(model, x, anchors, ctx_kv)[:, 1:]
+    head = target.model.get_output_embeddings()
+    return head(h.to(head.weight.dtype))
+
+
+def sequence_loss(model, target, tokens, hidden, prompt_len: int, n_anchors: int,
+                  weights: torch.Tensor, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of w_k * CE over valid slots, sum of w_k over valid slots) for random anchors."""
+    T = int(tokens.shape[0])
+    lo, hi = max(0, prompt_len - 1), T - 2
+    if hi < lo:
+        z = torch.zeros(())
+        return z, z
+    cand = list(range(lo, hi + 1))
+    picks = sorted(rng.sample(cand, min(n_anchors, len(cand))))
+    anchors = torch.tensor(picks)
+    B = model.block_size
+    logits = anchor_logits(model, target, tokens, hidden, anchors).float()   # [K, B-1, V]
+    tpos = anchors.view(-1, 1) + torch.arange(1, B).view(1, -1)              # [K, B-1]
+    valid = tpos < T
+    labels = tokens[tpos.clamp(max=T - 1)].to(logits.device)
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                         reduction="none").view_as(tpos)
+    w = weights.view(1, -1).expand_as(tpos) * valid
+    w = w.to(ce.device)
+    return (ce * w).sum(), w.sum()
+
+
+# --------------------------------------------------------------------------- eval
+@torch.no_grad()
+def simulated_tau_one(model, target, tokens: torch.Tensor, hidden: torch.Tensor,
+                      prompt_len: int, block_size: int | None = None) -> tuple[int, int]:
+    """(new tokens, rounds) of greedy speculative decoding replayed along one fixed rollout."""
+    B = int(block_size or model.block_size)
+    T = int(tokens.shape[0])
+    ctx = sequence_context(model, hidden, T)
+    n, rounds = prompt_len, 0
+    while n < T:
+        k = min(B - 1, T - n - 1)  # Session clips the draft to budget - 1
+        acc = 0
+        if k > 0:
+            lg = anchor_logits(model, target, tokens, hidden, torch.tensor([n - 1]), ctx)
+            draft = lg[0, :k].argmax(-1).cpu()
+            same = (draft == tokens[n:n + k]).long()
+            acc = int(same.cumprod(0).sum())
+        n += acc + 1
+        rounds += 1
+    return T - prompt_len, rounds
+
+
+def simulated_tau(model, target, rollouts: RolloutSet, limit: int | None = None,
+                  block_size: int | None = None) -> dict:
+    """Mean tokens per round over (up to ``limit``) rollouts of ``rollouts``."""
+    was = model.training
+    model.eval()
+    toks = rnds = 0
+    per = []
+    n = len(rollouts) if limit is None else min(limit, len(rollouts))
+    for i in range(n):
+        t, h, p = rollouts.load(i)
+        a, r = simulated_tau_one(model, target, t, h, p, block_size)
+        toks, rnds = toks + a, rnds + r
+        per.append(a / r if r else 0.0)
+    model.train(was)
+    return {"tau": toks / rnds if rnds else 0.0, "rollouts": n, "tokens": toks, "rounds": rnds,
+            "tau_mean_per_rollout": sum(per) / len(per) if per else 0.0}
+
+
+# --------------------------------------------------------------------------- the loop
+def _lr_lambda(cfg: TrainConfig):
+    warm = max(1, int(round(cfg.warmup * cfg.steps))) if cfg.warmup > 0 else 0
+
+    def f(step: int) -> float:
+        if warm and step < warm:
+            return (step + 1) / warm
+        t = (step - warm) / max(1, cfg.steps - warm)
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+    return f
+
+
+def _save(model, opt, sched, step: int, cfg: TrainConfig, out: Path, rng: random.Random,
+          meta: dict) -> None:
+    from ..drafters.dflash import save_dflash_checkpoint
+
+    m = model
+    if cfg.save_dtype != "float32":
+        m = copy.deepcopy(model).to(getattr(torch, cfg.save_dtype))
+    m.config.setdefault("dflash_config", {})
+    m.config["specviz_training"] = {"step": step, "rollouts_model": meta.get("model"),
+                                    "block_size": cfg.block_size, "gamma": cfg.gamma}
+    save_dflash_checkpoint(m, out)
+    tmp = out / (STATE_NAME + ".tmp")
+    torch.save({"step": step, "model": {k: v.detach().float().cpu() for k, v in model.state_dict().items()},
+                "config": dict(model.config), "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(), "train_config": asdict(cfg),
+                "rng": rng.getstate()}, tmp)
+    tmp.replace(out / STATE_NAME)
+
+
+def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainConfig,
+                 resume: bool = False, show_bar: bool = False,
+                 log: Callable[[dict], None] | None = None) -> dict:
+    """Train (or resume) a DFlash drafter for ``target`` on the rollouts in ``rollouts_dir``."""
+    cfg.validate()
+    meta = read_meta(rollouts_dir)
+    train_set = RolloutSet(rollouts_dir, split="train")
+    eval_set = RolloutSet(rollouts_dir, split="eval")
+    if not len(train_set):
+        raise SpecvizError(f"{rollouts_dir} has no train rollouts")
+    tc = getattr(target.model.config, "text_config", None) or target.model.config
+    if int(meta["hidden_size"]) != int(tc.hidden_size) or \
+            int(meta["num_target_layers"]) != int(tc.num_hidden_layers):
+        raise SpecvizError(f"the rollouts were made with another target ({meta.get('model')}): "
+                           "hidden size / layer count differ")
+    out = Path(out)
+    state_path = out / STATE_NAME
+    rng = random.Random(cfg.seed)
+    start = 0
+    if resume and state_path.is_file():
+        st = torch.load(state_path, map_location="cpu", weights_only=False)
+        model = DFlashDraftModel(st["config"])
+        model.load_state_dict(st["model"], strict=True)
+        old = st["train_config"]
+        if int(old["block_size"]) != cfg.block_size or int(old["num_layers"]) != cfg.num_layers:
+            raise SpecvizError(f"{out} was trained with block size {old['block_size']} and "
+                               f"{old['num_layers']} layers; resume with the same settings")
+        start = int(st["step"])
+        rng.setstate(st["rng"])
+    else:
+        if resume is False and state_path.is_file():
+            raise SpecvizError(f"{out} already holds a training run: pass --resume or another --out")
+        st = None
+        model = new_dflash_for_target(target, num_layers=cfg.num_layers, block_size=cfg.block_size,
+                                      target_layer_ids=list(meta["target_layer_ids"]),
+                                      intermediate_size=cfg.intermediate_size, seed=cfg.seed)
+    model = model.to(device=target.device, dtype=torch.float32).train().requires_grad_(True)
+    head = target.model.get_output_embeddings()
+    if head.weight.dtype != torch.float32 and str(target.device) == "cpu":
+        raise SpecvizError("train the drafter with a float32 target on CPU")
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
+    if st is not None:
+        opt.load_state_dict(st["optimizer"])
+        sched.load_state_dict(st["scheduler"])
+    weights = slot_weights(cfg.block_size, cfg.gamma)
+    save_every = cfg.save_every or cfg.eval_every
+    out.mkdir(parents=True, exist_ok=True)
+    bar = None
+    if show_bar:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.steps, initial=start, desc="dflash", unit="step")
+    history, last_eval = [], None
+    order: list[int] = []
+    t0 = time.perf_counter()
+    ema = None
+
+    def do_eval(step):
+        nonlocal last_eval
+        if len(eval_set):
+            last_eval = simulated_tau(model, target, eval_set, limit=cfg.eval_rollouts)
+            rec = {"step": step, "eval_tau": round(last_eval["tau"], 4),
+                   "eval_rollouts": last_eval["rollouts"]}
+            with open(out / LOG_NAME, "a") as fh:
+                fh.write(json.dumps(rec) + "\n")
+            if log:
+                log(rec)
+
+    for step in range(start, cfg.steps):
+        opt.zero_grad(set_to_none=True)
+        dev = next(model.parameters()).device
+        tot = torch.zeros((), device=dev)
+        wsum = torch.zeros((), device=dev)
+        for _ in range(cfg.batch_size):
+            if not order:
+                order = list(range(len(train_set)))
+                rng.shuffle(order)
+            t, h, p = train_set.load(order.pop())
+            ls, ws = sequence_loss(model, target, t, h, p, cfg.anchors_per_seq, weights, rng)
+            tot, wsum = tot + ls.to(dev), wsum + ws.to(dev)
+        if float(wsum) <= 0:
+            continue
+        loss = tot / wsum
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        sched.step()
+        lv = float(loss.detach())
+        ema = lv if ema is None else 0.9 * ema + 0.1 * lv
+        history.append(lv)
+        rec = {"step": step + 1, "loss": round(lv, 5), "lr": sched.get_last_lr()[0],
+               "grad_norm": round(float(gn), 4)}
+        if bar is not None:
+            bar.update(1)
+            post = f"loss {ema:.3f}"
+            if last_eval:
+                post += f" tau {last_eval['tau']:.2f}"
+            bar.set_postfix_str(post)
+        if (step + 1) % 10 == 0 or step + 1 == cfg.steps:
+            with open(out / LOG_NAME, "a") as fh:
+                fh.write(json.dumps(rec) + "\n")
+        if log:
+            log(rec)
+        if cfg.eval_every and (step + 1) % cfg.eval_every == 0:
+            do_eval(step + 1)
+        if (step + 1) % save_every == 0 or step + 1 == cfg.steps:
+            _save(model, opt, sched, step + 1, cfg, out, rng, meta)
+    if bar is not None:
+        bar.close()
+    el = time.perf_counter() - t0
+    done = cfg.steps - start
+    if last_eval is None or (cfg.eval_every and cfg.steps % cfg.eval_every):
+        do_eval(cfg.steps)
+    if done <= 0:
+        _save(model, opt, sched, cfg.steps, cfg, out, rng, meta)
+    return {"out": str(out), "steps": cfg.steps, "steps_run": done, "seconds": el,
+            "steps_per_s": done / el if el > 0 and done else 0.0,
+            "loss_first": history[0] if history else None,
+            "loss_last": history[-1] if history else None, "losses": history,
+            "eval": last_eval, "train_rollouts": len(train_set), "eval_rollouts": len(eval_set)}

@@ -1,0 +1,352 @@
+"""Target rollouts for drafter training (METHODS §1), with the tapped hidden states saved while
+the replies are generated -- no second prefill pass.
+
+Prompts are chat-templated (``Target.encode_prompt``), sorted by length and generated in batches
+(left padding + attention mask + position ids, one KV cache per batch). The batched prefill gives
+the hidden states of the prompt positions; every decode step feeds the tokens just generated and
+keeps, of its ``output_hidden_states``, only the tapped layers' rows of those new positions. One
+extra one-token step after the last reply token gives that token's states, so every position of
+prompt + reply has its features.
+
+On disk (``out/``):
+
+* ``meta.json``: model, tapped ``target_layer_ids``, hidden size, storage dtype, settings;
+* ``shard-NNNNN.safetensors`` (one per batch): per rollout ``{name}.tokens`` int32 [T] (prompt +
+  reply ids) and ``{name}.hidden`` [T, k*H] (the k tapped layers concatenated in id order --
+  exactly the drafter's context features -- float16 by default);
+* ``manifest.jsonl``: one line per rollout: key, id, category, source, split (train / eval by a
+  deterministic hash of the key), shard, name, prompt_len, reply_len, stop (eos / max_new_tokens).
+
+A run is resumable: prompts whose key is already in the manifest are skipped; a shard is written
+before its manifest lines, so an interrupted batch is simply generated again.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+
+from ..errors import SettingsError, SpecvizError
+
+META_NAME = "meta.json"
+MANIFEST_NAME = "manifest.jsonl"
+STORE_DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+# --------------------------------------------------------------------------- small helpers
+def prompt_key(item) -> str:
+    """Stable identity of a prompt across runs: source file name + the loader's id."""
+    return f"{getattr(item, 'source', '') or ''}:{item.id}"
+
+
+def split_of(key: str, holdout: float) -> str:
+    """'eval' for a deterministic ~``holdout`` fraction of keys (sha1 of the key), else 'train'."""
+    if holdout <= 0:
+        return "train"
+    h = int.from_bytes(hashlib.sha1(key.encode("utf-8")).digest()[:8], "big") / 2.0 ** 64
+    return "eval" if h < holdout else "train"
+
+
+def parse_layers(spec: str | None, num_layers: int, k: int = 5) -> list[int]:
+    """'auto' (or None) -> ``default_target_layer_ids(L, min(k, L))`` -- the ids a new DFlash
+    drafter gets by default; else a comma-separated list of target layer ids."""
+    from ..drafters.dflash import default_target_layer_ids
+
+    if spec is None or str(spec).strip().lower() in ("", "auto"):
+        return default_target_layer_ids(num_layers, min(k, num_layers))
+    try:
+        ids = [int(x) for x in str(spec).split(",") if x.strip()]
+    except ValueError:
+        raise SettingsError(f"--layers expects 'auto' or comma-separated layer ids, got '{spec}'")
+    if not ids:
+        raise SettingsError("--layers is empty")
+    bad = [i for i in ids if not 0 <= i < num_layers]
+    if bad:
+        raise SettingsError(f"--layers {bad} out of range for a target with {num_layers} layers")
+    if len(set(ids)) != len(ids):
+        raise SettingsError("--layers has duplicate ids")
+    return ids
+
+
+def _cache_kwarg(model) -> str:
+    from ..engine import _cache_kwarg as ck
+
+    return ck(model)
+
+
+# --------------------------------------------------------------------------- generation
+@dataclass
+class BatchResult:
+    replies: list[list[int]]       # generated ids per prompt (EOS included when hit)
+    hidden: list[torch.Tensor]     # [len(prompt) + len(reply), k*H] per prompt
+    stops: list[str]               # "eos" / "max_new_tokens" / "context"
+
+
+@torch.inference_mode()
+def generate_batch(target, prompts: list[list[int]], max_new_tokens: int, layer_ids: list[int],
+                   store_dtype: torch.dtype = torch.float16, temperature: float = 0.0,
+                   generator: torch.Generator | None = None) -> BatchResult:
+    """Replies of ``target`` to ``prompts`` (token id lists) in one left-padded batch, with the
+    tapped hidden states of every prompt + reply position (HF index = layer id + 1)."""
+    from transformers import DynamicCache
+
+    model = target.model
+    dev = target.device
+    b = len(prompts)
+    lens = [len(p) for p in prompts]
+    if not b or min(lens) == 0:
+        raise SpecvizError("generate_batch needs non-empty prompts")
+    L = max(lens)
+    pad = int(min(target.eos_token_ids)) if target.eos_token_ids else 0
+    ids = torch.full((b, L), pad, dtype=torch.long)
+    mask = torch.zeros((b, L), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, L - len(p):] = torch.tensor(p)
+        mask[i, L - len(p):] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    taps = [i + 1 for i in layer_ids]
+    eos = target.eos_token_ids
+    budgets = [max(0, min(max_new_tokens, target.max_context - n)) for n in lens]
+    cache = DynamicCache(config=model.config)
+    ck = _cache_kwarg(model)
+
+    def forward(inp, msk, p):
+        return model(input_ids=inp.to(dev), attention_mask=msk.to(dev), position_ids=p.to(dev),
+                     use_cache=True, output_hidden_states=True, **{ck: cache})
+
+    def feats(out) -> torch.Tensor:  # [b, t, k*H] on CPU in the storage dtype
+        return torch.cat([out.hidden_states[i] for i in taps], -1).to("cpu", store_dtype)
+
+    def pick(logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.float()
+        if temperature and temperature > 0:
+            probs = torch.softmax(logits / temperature, -1).cpu()
+            return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        return logits.argmax(-1).cpu()
+
+    out = forward(ids, mask, pos)
+    pf = feats(out)
+    chunks: list[list[torch.Tensor]] = [[pf[i, L - lens[i]:]] for i in range(b)]
+    replies: list[list[int]] = [[] for _ in range(b)]
+    stops = ["max_new_tokens"] * b
+    done = [bud <= 0 for bud in budgets]
+    for i in range(b):
+        if done[i]:
+            stops[i] = "context"
+    nxt = pick(out.logits[:, -1])
+    cur_pos = pos[:, -1]
+    while True:
+        for i in range(b):  # commit the new tokens of the rows still running
+            if done[i]:
+                continue
+            t = int(nxt[i])
+            replies[i].append(t)
+            if t in eos:
+                done[i], stops[i] = True, "eos"
+            elif len(replies[i]) >= budgets[i]:
+                done[i] = True
+                stops[i] = "max_new_tokens" if budgets[i] == max_new_tokens else "context"
+        # feed each row's latest token (finished rows: their last token again, ignored)
+        step = torch.tensor([[r[-1] if r else pad] for r in replies], dtype=torch.long)
+        mask = torch.cat([mask, torch.ones((b, 1), dtype=torch.long)], -1)
+        cur_pos = cur_pos + 1
+        fresh = [i for i in range(b) if replies[i] and
+                 sum(c.shape[0] for c in chunks[i]) < lens[i] + len(replies[i])]
+        if not fresh:
+            break
+        out = forward(step, mask, cur_pos.view(b, 1))
+        f = feats(out)
+        for i in fresh:
+            chunks[i].append(f[i, -1:])
+        if all(done):
+            break
+        nxt = pick(out.logits[:, -1])
+    hidden = [torch.cat(c, 0) for c in chunks]
+    return BatchResult(replies=replies, hidden=hidden, stops=stops)
+
+
+# --------------------------------------------------------------------------- the store
+def read_meta(folder: str | Path) -> dict:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise SpecvizError(f"rollouts folder {folder} does not exist")
+    mp = folder / META_NAME
+    if not mp.is_file():
+        raise SpecvizError(f"{folder} has no {META_NAME}: not a rollouts folder "
+                           "(make one with `python -m specviz train rollouts`)")
+    try:
+        return json.loads(mp.read_text())
+    except json.JSONDecodeError as exc:
+        raise SpecvizError(f"{mp} is not valid JSON ({exc.msg})") from exc
+
+
+def read_manifest(folder: str | Path) -> list[dict]:
+    mp = Path(folder) / MANIFEST_NAME
+    if not mp.is_file():
+        return []
+    rows = []
+    for line in mp.read_text().splitlines():
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a torn last line of an interrupted run: that rollout is redone
+    return rows
+
+
+class RolloutSet:
+    """The rollouts of a folder, read lazily from the shards (safetensors, memory-mapped)."""
+
+    def __init__(self, folder: str | Path, split: str | None = None):
+        self.folder = Path(folder)
+        self.meta = read_meta(self.folder)
+        rows = read_manifest(self.folder)
+        self.rows = [r for r in rows if split is None or r.get("split") == split]
+        self._open: dict[str, object] = {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def load(self, i: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(tokens int64 [T], hidden [T, k*H] as stored, prompt_len) of rollout ``i``."""
+        from safetensors import safe_open
+
+        r = self.rows[i]
+        shard = r["shard"]
+        if shard not in self._open:
+            path = self.folder / shard
+            if not path.is_file():
+                raise SpecvizError(f"rollout shard {path} is missing")
+            if len(self._open) > 8:
+                self._open.pop(next(iter(self._open)))
+            self._open[shard] = safe_open(str(path), framework="pt")
+        f = self._open[shard]
+        toks = f.get_tensor(r["name"] + ".tokens").long()
+        hid = f.get_tensor(r["name"] + ".hidden")
+        return toks, hid, int(r["prompt_len"])
+
+
+def make_rollouts(target, items: list, out: str | Path, max_new_tokens: int = 256,
+                  batch_size: int = 16, layer_ids: list[int] | None = None,
+                  holdout: float = 0.05, store_dtype: str = "float16", temperature: float = 0.0,
+                  seed: int = 0, chat_template: bool | None = None,
+                  max_prompt_tokens: int | None = None, model_name: str | None = None,
+                  progress: Callable[[int, int, int], None] | None = None,
+                  show_bar: bool = False) -> dict:
+    """Generate and store rollouts for ``items`` (PromptItem-like: id, category, text, source),
+    skipping keys already in the manifest. Returns a summary dict (counts, tokens, seconds)."""
+    from safetensors.torch import save_file
+
+    if max_new_tokens < 1:
+        raise SettingsError("--max-new-tokens must be at least 1")
+    if batch_size < 1:
+        raise SettingsError("--batch-size must be at least 1")
+    if not 0.0 <= holdout < 1.0:
+        raise SettingsError("--holdout must be in [0, 1)")
+    if store_dtype not in STORE_DTYPES:
+        raise SettingsError(f"--dtype must be one of {', '.join(STORE_DTYPES)}")
+    tc = getattr(target.model.config, "text_config", None) or target.model.config
+    L, H = int(tc.num_hidden_layers), int(tc.hidden_size)
+    layer_ids = list(layer_ids) if layer_ids is not None else parse_layers(None, L)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise SpecvizError(f"--out {out} is a file, not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"model": model_name or target.name, "target_layer_ids": layer_ids,
+            "num_target_layers": L, "hidden_size": H, "dtype": store_dtype,
+            "max_new_tokens": max_new_tokens, "temperature": float(temperature),
+            "chat_template": chat_template, "holdout": holdout,
+            "vocab_size": int(target.model.get_input_embeddings().num_embeddings)}
+    mp = out / META_NAME
+    if mp.is_file():
+        old = read_meta(out)
+        for k in ("target_layer_ids", "hidden_size", "num_target_layers", "dtype"):
+            if old.get(k) != meta[k]:
+                raise SpecvizError(f"{out} holds rollouts with {k}={old.get(k)}, not {meta[k]}: "
+                                   "use another --out folder")
+    else:
+        mp.write_text(json.dumps(meta, indent=2) + "\n")
+    done_keys = {r["key"] for r in read_manifest(out)}
+    todo, seen = [], set()
+    for it in items:
+        key = prompt_key(it)
+        if key in done_keys or key in seen:
+            continue
+        seen.add(key)
+        ids = target.encode_prompt(it.text, chat_template)
+        if max_prompt_tokens and len(ids) > max_prompt_tokens:
+            continue
+        if len(ids) >= target.max_context - 1:
+            continue
+        todo.append((it, key, ids))
+    skipped = len(items) - len(todo)
+    todo.sort(key=lambda x: len(x[2]))  # similar lengths per batch: little padding
+    shard_ids = [int(p.stem.split("-")[1]) for p in out.glob("shard-*.safetensors")
+                 if p.stem.split("-")[1].isdigit()]
+    next_shard = max(shard_ids, default=-1) + 1
+    gen = torch.Generator().manual_seed(int(seed))
+    bar = None
+    if show_bar:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(todo), desc="rollouts", unit="prompt")
+    t0 = time.perf_counter()
+    new_tokens = n_done = 0
+    sdt = STORE_DTYPES[store_dtype]
+    for s in range(0, len(todo), batch_size):
+        batch = todo[s:s + batch_size]
+        res = generate_batch(target, [b[2] for b in batch], max_new_tokens, layer_ids,
+                             store_dtype=sdt, temperature=temperature, generator=gen)
+        shard = f"shard-{next_shard:05d}.safetensors"
+        next_shard += 1
+        tensors, lines = {}, []
+        for j, ((it, key, ids), reply, hid, stop) in enumerate(zip(batch, res.replies, res.hidden,
+                                                                  res.stops)):
+            name = f"r{j}"
+            toks = torch.tensor(ids + reply, dtype=torch.int32)
+            assert hid.shape[0] == toks.shape[0], (hid.shape, toks.shape)
+            tensors[name + ".tokens"] = toks
+            tensors[name + ".hidden"] = hid.contiguous()
+            lines.append({"key": key, "id": str(it.id), "category": getattr(it, "category", ""),
+                          "source": getattr(it, "source", ""), "split": split_of(key, holdout),
+                          "shard": shard, "name": name, "prompt_len": len(ids),
+                          "reply_len": len(reply), "stop": stop})
+            new_tokens += len(reply)
+        save_file(tensors, str(out / shard), metadata={"format": "pt"})
+        with open(out / MANIFEST_NAME, "a", encoding="utf-8") as fh:
+            for line in lines:
+                fh.write(json.dumps(line) + "\n")
+        n_done += len(batch)
+        el = time.perf_counter() - t0
+        if bar is not None:
+            bar.update(len(batch))
+            bar.set_postfix_str(f"{new_tokens / max(el, 1e-9):.1f} tok/s")
+        if progress:
+            progress(n_done, len(todo), new_tokens)
+    if bar is not None:
+        bar.close()
+    el = time.perf_counter() - t0
+    return {"generated": n_done, "skipped": skipped, "new_tokens": new_tokens, "seconds": el,
+            "tokens_per_s": new_tokens / el if el > 0 and new_tokens else 0.0,
+            "total": len(read_manifest(out)), "out": str(out)}
+
+
+def load_items(data: Iterable[str], limit: int | None = None):
+    """``--data FILE[:N]`` entries -> PromptItems via :func:`specviz.bench.load_prompts`."""
+    from ..bench import load_prompts
+
+    items = []
+    for d in data:
+        lim = limit
+        head, _, tail = str(d).rpartition(":")
+        if head and tail.isdigit():
+            d, lim = head, int(tail)
+        items += load_prompts(d, limit=lim)
+    if not items:
+        raise SpecvizError("no prompts selected")
+    return items
