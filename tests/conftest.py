@@ -117,3 +117,12 @@ def assert_same_law(counts, exact, tv_tol, alpha=1e-3):
     tv = 0.5 * float((flat_c / n - flat_p).abs().sum())
     assert pval > alpha, f"p-value {pval:.2e} (TV {tv:.3f})"
     assert tv < tv_tol, f"TV {tv:.3f}"
+
+
+def repetitive_prompt(rng, vocab: int, length: int) -> list[int]:
+    """Random token ids that mostly repeat one short pattern (so lookup drafts get accepted)."""
+    base = [rng.randrange(3, vocab) for _ in range(rng.randint(3, 8))]
+    ids: list[int] = []
+    while len(ids) < length:
+        ids += base if rng.random() < 0.7 else [rng.randrange(3, vocab)]
+    return ids[:length]

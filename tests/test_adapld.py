@@ -16,16 +16,9 @@ from specviz.errors import SettingsError
 from specviz.trace import Round, Trace
 from specviz.tree import TokenTree
 
-from conftest import assert_same_law, example_prompts, first_two_token_counts, make_tiny_target
+from conftest import (assert_same_law, example_prompts, first_two_token_counts, make_tiny_target,
+                      repetitive_prompt)
 
-
-
-def _repetitive_prompt(rng, vocab, length):
-    base = [rng.randrange(3, vocab) for _ in range(rng.randint(3, 8))]
-    ids = []
-    while len(ids) < length:
-        ids += base if rng.random() < 0.7 else [rng.randrange(3, vocab)]
-    return ids[:length]
 
 
 class ChainDrafter(Drafter):
@@ -48,7 +41,7 @@ def test_greedy_lossless_all_presets_with_real_trees(tiny_target):
     trees = multi_branch = accepted = 0
     retrievals = set()
     for i in range(20):
-        ids = _repetitive_prompt(rng, 64, rng.randint(4, 60))
+        ids = repetitive_prompt(rng, 64, rng.randint(4, 60))
         s = DecodeSettings(max_new_tokens=32)
         ar = generate(tiny_target, "ar", ids, s)
         for method, params in CONFIGS:
@@ -77,7 +70,7 @@ def test_tree_verification_equals_each_branch_separately(tiny_target):
     for _ in range(30):
         if checked >= 12:
             break
-        ids = _repetitive_prompt(rng, 64, 40)
+        ids = repetitive_prompt(rng, 64, 40)
         drafter = AdaPLDDrafter(semantic="off", adaptive=False, max_branches=4, max_draft=6)
         sess = Session(tiny_target, drafter, ids, DecodeSettings(max_new_tokens=30))
         while not sess.done:
@@ -216,7 +209,7 @@ def test_lexical_ranking_uses_all_matches_and_excludes_the_current_position():
 
 def test_incremental_index_equals_rebuild_and_never_rescans(tiny_target):
     rng = random.Random(13)
-    ids = _repetitive_prompt(rng, 64, 50)
+    ids = repetitive_prompt(rng, 64, 50)
     drafter = AdaPLDDrafter()  # default: target_embed semantic windows too
     sess = Session(tiny_target, drafter, ids, DecodeSettings(max_new_tokens=40))
     assert drafter.index.positions_indexed == len(ids)
@@ -247,7 +240,7 @@ def test_extras_describe_the_draft(tiny_target, tmp_path):
     rng = random.Random(14)
     seen = set()
     for k in range(6):
-        ids = _repetitive_prompt(rng, 64, 45)
+        ids = repetitive_prompt(rng, 64, 45)
         tr = generate(tiny_target, "adapld", ids, DecodeSettings(max_new_tokens=30),
                       cost="flat", sim_threshold=0.5)
         assert Trace.load(tr.save(tmp_path / f"t{k}.json")).to_dict() == tr.to_dict()
@@ -392,7 +385,7 @@ def test_highly_repetitive_prompt_grows_draft_length_on_the_engine(tiny_target):
     rng = random.Random(15)
     grew = 0
     for _ in range(8):
-        ids = _repetitive_prompt(rng, 64, 30)
+        ids = repetitive_prompt(rng, 64, 30)
         tr = generate(tiny_target, "adapld", ids, DecodeSettings(max_new_tokens=60))
         lens = [r.extras["draft_len"] for r in tr.rounds if r.draft]
         if lens and max(lens) > lens[0] and max(lens) >= 5:

@@ -13,7 +13,7 @@ from specviz.errors import PromptError, SettingsError, SpecvizError, TraceError
 from specviz.trace import Trace
 from specviz.tree import TokenTree
 
-from conftest import assert_same_law, first_two_token_counts, make_tiny_target
+from conftest import repetitive_prompt, assert_same_law, first_two_token_counts, make_tiny_target
 
 
 def _hf_greedy(target, ids, n):
@@ -21,14 +21,6 @@ def _hf_greedy(target, ids, n):
                                 eos_token_id=list(target.eos_token_ids),
                                 pad_token_id=list(target.eos_token_ids)[0])
     return out[0, len(ids):].tolist()
-
-
-def _repetitive_prompt(rng, vocab, length):
-    base = [rng.randrange(3, vocab) for _ in range(rng.randint(3, 8))]
-    ids = []
-    while len(ids) < length:
-        ids += base if rng.random() < 0.7 else [rng.randrange(3, vocab)]
-    return ids[:length]
 
 
 def test_ar_session_equals_hf_generate(tiny_target):
@@ -44,7 +36,7 @@ def test_pld_greedy_lossless_on_many_random_prompts(tiny_target):
     rng = random.Random(1)
     accepted_total = 0
     for i in range(40):
-        ids = _repetitive_prompt(rng, 64, rng.randint(4, 60))
+        ids = repetitive_prompt(rng, 64, rng.randint(4, 60))
         s = DecodeSettings(max_new_tokens=32)
         ar = generate(tiny_target, "ar", ids, s)
         pld = generate(tiny_target, "pld", ids, s, num_output_tokens=rng.randint(1, 12))
@@ -101,7 +93,7 @@ def test_tree_verification_equals_verifying_each_branch(tiny_target):
 def test_tree_session_lossless_over_many_rounds(tiny_target):
     rng = random.Random(3)
     for _ in range(5):
-        ids = _repetitive_prompt(rng, 64, 30)
+        ids = repetitive_prompt(rng, 64, 30)
 
         def branches(toks, rng=rng):
             # PLD-like candidates from several earlier matches of the last token
