@@ -182,9 +182,11 @@ class Session:
 
         t0 = time.perf_counter()
         cache_len = _cache_len(self.cache)
-        is_tree = draft.parents is not None and len(draft.tokens) > 0 and \
-            not TokenTree(draft.tokens, draft.parents).is_chain
-        tree = TokenTree(list(draft.tokens), list(draft.parents)) if is_tree else None
+        tree = None
+        if draft.parents is not None and draft.tokens:
+            tree = TokenTree(list(draft.tokens), list(draft.parents))
+            if tree.is_chain:  # a single branch is verified as an ordinary chain
+                tree = None
         ids = [self.tokens[-1]] + list(draft.tokens)
         if tree is not None:
             out = self._forward(ids, attention_mask=tree.attention_mask(cache_len),

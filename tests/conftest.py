@@ -32,20 +32,25 @@ class ToyTokenizer:
 def make_tiny_target(vocab_size: int = 64, seed: int = 0, layers: int = 2, eos: int = 1):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from specviz.models import target_from_model
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64,
                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                       max_position_embeddings=512, eos_token_id=eos, bos_token_id=0,
                       pad_token_id=eos, tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg)
-    # sharpen the output distribution so greedy runs are not all near-ties
+    return finish_tiny_target(LlamaForCausalLM(cfg), vocab_size, eos, f"tiny-llama-{seed}")
+
+
+def finish_tiny_target(model, vocab_size: int, eos: int, name: str):
+    """Sharpen a tiny random model's outputs (so greedy runs are not all near-ties), set its
+    EOS, and wrap it as a Target with a ToyTokenizer."""
+    from specviz.models import target_from_model
+
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = eos
-    return target_from_model(model, ToyTokenizer(vocab_size, eos), name=f"tiny-llama-{seed}")
+    return target_from_model(model, ToyTokenizer(vocab_size, eos), name=name)
 
 
 @pytest.fixture(scope="session")

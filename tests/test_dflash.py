@@ -16,25 +16,18 @@ from specviz.engine import DecodeSettings, Session, generate
 from specviz.errors import SettingsError, SpecvizError
 from specviz.models import ModelLoadError
 
-from conftest import ToyTokenizer, assert_same_law, first_two_token_counts, make_tiny_target
+from conftest import assert_same_law, finish_tiny_target, first_two_token_counts, make_tiny_target
 
 
 def make_tiny_qwen3(vocab_size=128, seed=0, layers=4, eos=1):
     from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from specviz.models import target_from_model
 
     torch.manual_seed(seed)
     cfg = Qwen3Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                       head_dim=16, max_position_embeddings=512, eos_token_id=eos, bos_token_id=0,
                       pad_token_id=eos, tie_word_embeddings=False, rope_theta=1e6)
-    model = Qwen3ForCausalLM(cfg)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
-    model.generation_config.eos_token_id = eos
-    model.generation_config.pad_token_id = eos
-    return target_from_model(model, ToyTokenizer(vocab_size, eos), name=f"tiny-qwen3-{seed}")
+    return finish_tiny_target(Qwen3ForCausalLM(cfg), vocab_size, eos, f"tiny-qwen3-{seed}")
 
 
 @pytest.fixture(scope="module")
