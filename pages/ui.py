@@ -188,6 +188,24 @@ def trace_view(trace: Trace, prefix: str, downloads: bool = True) -> None:
         st.plotly_chart(viz.fig_accepted_hist(view), width="stretch", config=PLOTLY_CONFIG,
                         key=f"{prefix}_fig_hist")
 
+    if viz.has_confidence(view):
+        st.markdown("##### Drafter confidence per slot")
+        st.caption("A block drafter (DFlash) fills all slots of its block at once; its confidence "
+                   "in a slot is the top probability there. Bars: this round's slots, coloured by "
+                   "the target's verdict (◆ = the target's own probability of the drafted token). "
+                   "Right: over the run so far, how often tokens at each confidence were "
+                   "accepted — confident-but-rejected slots show where the drafter misleads.")
+        c = st.columns(2)
+        pick = sel - 1 if sel else 0
+        if not viz.slot_confidences(view.rounds[pick]):
+            pick = max(i for i, r in enumerate(view.rounds) if viz.slot_confidences(r))
+        with c[0]:
+            st.plotly_chart(viz.fig_slot_confidence(view, pick), width="stretch",
+                            config=PLOTLY_CONFIG, key=f"{prefix}_fig_conf")
+        with c[1]:
+            st.plotly_chart(viz.fig_confidence_calibration(view), width="stretch",
+                            config=PLOTLY_CONFIG, key=f"{prefix}_fig_calib")
+
     if downloads and trace.rounds:
         st.markdown("##### Download")
         d = st.columns(3)

@@ -142,7 +142,8 @@ def cmd_bench(args) -> int:
 
 def cmd_train_rollouts(args) -> int:
     from .models import load_target
-    from .train.rollouts import STORE_DTYPES, load_items, make_rollouts, parse_layers
+    from .train.rollouts import (STORE_DTYPES, load_items, make_rollouts, parse_layers,
+                                  prompt_key)
 
     if not 0.0 <= args.holdout < 1.0:
         raise SpecvizError("--holdout must be in [0, 1)")
@@ -154,6 +155,13 @@ def cmd_train_rollouts(args) -> int:
     if out.exists() and not out.is_dir():
         raise SpecvizError(f"--out {out} is a file, not a folder")
     items = load_items(args.data, limit=args.limit)  # bad --data fails before the model loads
+    if args.exclude:  # e.g. the bench prompts: keep them out of the training data
+        held = {prompt_key(it) for it in load_items(args.exclude)}
+        n0 = len(items)
+        items = [it for it in items if prompt_key(it) not in held]
+        print(f"--exclude: left out {n0 - len(items)} prompts")
+        if not items:
+            raise SpecvizError("--exclude left no prompts")
     target = load_target(args.model, device=args.device)
     tc = getattr(target.model.config, "text_config", None) or target.model.config
     layers = parse_layers(args.layers, int(tc.num_hidden_layers), k=args.num_features)
@@ -180,7 +188,7 @@ def cmd_train_dflash(args) -> int:
                       lr=args.lr, warmup=args.warmup, gamma=args.gamma,
                       eval_every=args.eval_every, eval_rollouts=args.eval_rollouts,
                       save_every=args.save_every, seed=args.seed,
-                      save_dtype=args.save_dtype).validate()
+                      save_dtype=args.save_dtype, negatives=args.negatives).validate()
     meta = read_meta(args.rollouts)  # missing / not a rollouts folder fails before the model loads
     target = load_target(args.model or meta.get("model") or "default", device=args.device,
                          dtype="float32")
@@ -253,6 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "N prompts per category; repeatable")
     p.add_argument("--limit", type=int, default=None, help="first N prompts per category")
     p.add_argument("--out", default="rollouts")
+    p.add_argument("--exclude", action="append", default=[],
+                   help="FILE[:N] prompts to leave out (e.g. the bench's), repeatable")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--layers", default="auto",
@@ -282,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-rollouts", type=int, default=32)
     p.add_argument("--save-every", type=int, default=None)
     p.add_argument("--save-dtype", default="float32")
+    p.add_argument("--negatives", type=int, default=4096,
+                   help="sampled softmax: every reply token + N random other words per step "
+                        "(-1 = full vocabulary, slower)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true")
     p.set_defaults(func=cmd_train_dflash)

@@ -12,9 +12,10 @@ from specviz.cli import main
 from specviz.drafters import make_drafter
 from specviz.drafters.dflash import load_dflash_checkpoint, new_dflash_for_target
 from specviz.engine import DecodeSettings, Session, generate
-from specviz.train.dflash_train import (TrainConfig, forward_blocks,
-                                        block_embeddings, sequence_context, simulated_tau,
-                                        simulated_tau_one, train_dflash)
+from specviz.train.dflash_train import (TrainConfig, forward_blocks, anchor_logits,
+                                        block_embeddings, sequence_context, sequence_loss,
+                                        simulated_tau, simulated_tau_one, slot_weights,
+                                        step_vocab, train_dflash)
 from specviz.train.rollouts import (RolloutSet, generate_batch, make_rollouts, read_manifest,
                                     split_of)
 
@@ -138,6 +139,42 @@ def test_training_lowers_loss_saves_layout_and_tau_matches_session(tmp_path, tar
         train_dflash(target, out, ck, cfg2)
 
 
+def test_sampled_softmax_loss(target):
+    m = new_dflash_for_target(target, num_layers=1, block_size=4, target_layer_ids=[0, 2], seed=2)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(2, 64, (30,), generator=g)
+    hid = torch.randn(30, 64, generator=g)
+    w = slot_weights(4, 4.0)
+    full = sequence_loss(m, target, tokens, hid, 5, 6, w, random.Random(1))
+    # the whole vocabulary as the support == the full head
+    same = sequence_loss(m, target, tokens, hid, 5, 6, w, random.Random(1), torch.arange(64))
+    assert torch.allclose(full[0], same[0], atol=1e-5) and torch.equal(full[1], same[1])
+    # a subset: CE over exactly those rows of the head, labels re-indexed
+    labels = tokens[5:].unique()
+    sub = torch.cat([labels, torch.tensor([0, 1])]).unique()
+    got, wsum = sequence_loss(m, target, tokens, hid, 5, 6, w, random.Random(1), sub)
+    rng = random.Random(1)
+    anchors = torch.tensor(sorted(rng.sample(list(range(4, 29)), 6)))
+    with torch.no_grad():
+        lg = anchor_logits(m, target, tokens, hid, anchors)[..., sub]
+    tpos = anchors.view(-1, 1) + torch.arange(1, 4).view(1, -1)
+    valid = tpos < 30
+    lab = torch.searchsorted(sub, tokens[tpos.clamp(max=29)])
+    ce = torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), lab.reshape(-1),
+                                           reduction="none").view_as(tpos)
+    ref = (ce * w.view(1, -1) * valid).sum()
+    assert torch.allclose(got.detach(), ref, atol=1e-4) and float(got) < float(full[0])
+    with pytest.raises(Exception, match="missing from the training vocabulary"):
+        sequence_loss(m, target, tokens, hid, 5, 6, w, random.Random(1),
+                      sub[sub != tokens[tpos[0, 0]]])
+    # the step support: every active id + the requested number of distinct other ids
+    active = torch.tensor([3, 7, 9])
+    sup = step_vocab(active, 64, 10, g)
+    assert sup.numel() == 13 and set(active.tolist()) <= set(sup.tolist())
+    assert torch.equal(sup, sup.sort().values) and sup.unique().numel() == 13
+    assert torch.equal(step_vocab(active, 64, 0, g), active)
+
+
 # ----------------------------------------------------------------------------- CLI
 def test_cli_errors(tmp_path, capsys):
     assert main(["train", "dflash", "--rollouts", str(tmp_path / "nope"),
@@ -158,6 +195,11 @@ def test_cli_errors(tmp_path, capsys):
     assert main(["train", "rollouts", "--data", str(bad), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "unrecognised prompt format" in err
+    good = tmp_path / "good.txt"
+    good.write_text("one\ntwo\nthree\n")
+    assert main(["train", "rollouts", "--data", f"{good}:2", "--exclude", str(good),
+                 "--out", str(tmp_path / "o")]) == 2
+    assert "left no prompts" in capsys.readouterr().err
     assert main(["train", "rollouts", "--data", str(bad), "--out", str(tmp_path / "o"),
                  "--holdout", "1.5"]) == 2
     assert "holdout" in capsys.readouterr().err

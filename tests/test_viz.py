@@ -262,3 +262,44 @@ def test_figures(trace):
     empty = viz.trace_prefix(trace, 0)
     for fn in (viz.fig_round_lengths, viz.fig_position_acceptance, viz.fig_accepted_hist):
         fn(empty).to_json()  # empty traces still give a (blank) figure
+
+
+def _dflash_trace() -> Trace:
+    """Two block-drafter rounds with per-slot confidence (as DFlash stores it)."""
+    rounds = [
+        Round(index=0, start=5, drafter="dflash", draft=[10, 11, 12, 13], accepted=2,
+              committed=[10, 11, 20], p_draft=[0.9, 0.8, 0.05, 0.3],
+              q_draft=[0.95, 0.7, 0.85, 0.2], extras={"block_size": 5,
+                                                       "confidence": [0.95, 0.7, 0.85, 0.2]}),
+        Round(index=1, start=8, drafter="dflash", draft=[30, 31], accepted=2,
+              committed=[30, 31, 32], p_draft=[0.6, 0.9], q_draft=[0.15, 0.9],
+              extras={"block_size": 5, "confidence": [0.15, 0.9]}),
+        Round(index=2, start=11, drafter="dflash", draft=[], accepted=0, committed=[40],
+              extras={"block_size": 5, "confidence": []}),
+    ]
+    return Trace(meta={"model": "hand-made", "method": "dflash"}, prompt_ids=[1, 2, 3, 4, 5],
+                 rounds=rounds, token_texts=dict(TEXTS))
+
+
+def test_slot_confidence_chart_and_calibration(trace):
+    t = _dflash_trace()
+    assert viz.has_confidence(t) and not viz.has_confidence(trace)
+    assert viz.slot_confidences(t.rounds[0]) == [0.95, 0.7, 0.85, 0.2]
+    f = viz.fig_slot_confidence(t, 0)
+    by = {d.name: d for d in f.data}
+    assert list(by["accepted"].x) == [1, 2] and list(by["accepted"].y) == [0.95, 0.7]
+    assert list(by["rejected"].x) == [3] and list(by["rejected"].y) == [0.85]
+    assert list(by["not reached"].x) == [4]
+    assert list(by["target p(draft token)"].y) == [0.9, 0.8, 0.05, 0.3]
+    assert "Round 1" in f.layout.title.text
+    # judged tokens: round 0 slots 1-3 (slot 3 the first rejected), round 1 both slots
+    cal = viz.confidence_calibration(t, bins=5).set_index("bin")
+    assert cal["judged"].sum() == 5 and cal["accepted"].sum() == 4
+    assert cal.loc["0.8–1.0", "judged"] == 3 and cal.loc["0.8–1.0", "accepted"] == 2
+    assert cal.loc["0.0–0.2", "acceptance"] == 1.0
+    g = viz.fig_confidence_calibration(t)
+    assert g.data[0].name == "observed" and len(g.data[0].x) == 3
+    # rounds / traces without confidence still give a (blank) figure
+    viz.fig_slot_confidence(t, 2).to_json()
+    viz.fig_confidence_calibration(trace).to_json()
+    viz.fig_slot_confidence(trace, 0).to_json()

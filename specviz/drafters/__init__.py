@@ -13,7 +13,7 @@ METHODS = {
     "adapld": "AdaPLD: adaptive prompt lookup (lexical + semantic retrieval, token trees)",
     "adapld_lex": "AdaPLD ablation: lexical retrieval only, single chain",
     "adapld_sem": "AdaPLD ablation: lexical + semantic retrieval, single chain",
-    "dflash": "DFlash: block-diffusion drafter on the target's hidden states (needs a checkpoint)",
+    "dflash": "DFlash: block-diffusion drafter on the target's hidden states (bundled for the embedded model)",
 }
 
 #: Sidebar widgets per method (name -> default; the drafter validates the ranges). Methods not
@@ -27,7 +27,8 @@ METHOD_PARAMS = {
                    "window": 8, "adaptive": True, "cost": "cpu"},
     "adapld_lex": {"max_ngram": 4, "min_ngram": 1, "max_draft": 8, "adaptive": True,
                    "cost": "cpu"},
-    # checkpoint: a local folder or hub id (required); block_size 0 = the checkpoint's own
+    # checkpoint: a local folder or hub id ('' = the bundled drafter of the embedded target);
+    # block_size 0 = the checkpoint's own
     "dflash": {"checkpoint": "", "block_size": 0, "draft_temperature": 0.0, "seed": 0},
 }
 

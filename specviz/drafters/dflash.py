@@ -469,6 +469,24 @@ def _check_compatible(model: DFlashDraftModel, target) -> None:
         raise ModelLoadError(f"DFlash num_target_layers {ntl} != target layers {d['num_layers']}")
 
 
+# --------------------------------------------------------------------------- bundled drafters
+BUNDLED_DIR = Path(__file__).resolve().parent.parent / "weights"
+BUNDLED = {"SmolLM2-135M-Instruct": "dflash-smollm2-135m-instruct"}
+
+
+def bundled_checkpoint(target) -> Path | None:
+    """The drafter trained by this project for ``target`` (by model name), committed under
+    ``specviz/weights/``; None when there is none."""
+    name = str(getattr(target, "name", "") or "")
+    for model_name, folder in BUNDLED.items():
+        if name == model_name or name.startswith(model_name + " ") \
+                or name.rstrip("/").endswith("/" + model_name):
+            path = BUNDLED_DIR / folder
+            if (path / CONFIG_NAME).is_file():
+                return path
+    return None
+
+
 # --------------------------------------------------------------------------- the drafter
 class DFlashDrafter(Drafter):
     """DFlash behind the engine's Drafter interface (see the module docstring)."""
@@ -483,9 +501,12 @@ class DFlashDrafter(Drafter):
             raise SettingsError("dflash needs the target model (make_drafter('dflash', target, ...))")
         if model is None:
             if checkpoint is None or not str(checkpoint).strip():
-                raise SettingsError("dflash needs a trained drafter: pass checkpoint=PATH_OR_HUB_ID "
-                                    "(a folder with config.json + model.safetensors, or e.g. "
-                                    "z-lab/Qwen3-8B-DFlash-b16); no default drafter exists yet")
+                checkpoint = bundled_checkpoint(target)
+            if checkpoint is None:
+                raise SettingsError("dflash needs a trained drafter for this target: pass "
+                                    "checkpoint=PATH_OR_HUB_ID (a folder with config.json + "
+                                    "model.safetensors, or e.g. z-lab/Qwen3-8B-DFlash-b16); only "
+                                    "the embedded SmolLM2-135M-Instruct has a bundled drafter")
         if not 0.0 <= float(draft_temperature) <= 10.0:
             raise SettingsError("draft_temperature must be between 0 (argmax drafts) and 10")
         dev = device or target.device

@@ -3,7 +3,9 @@
 Pure functions of a :class:`~specviz.trace.Trace` (no streamlit, no model): a trace uploaded
 from a file renders exactly like the live run that produced it.
 """
-from .charts import fig_accepted_hist, fig_compare, fig_position_acceptance, fig_round_lengths
+from .charts import (confidence_calibration, fig_accepted_hist, fig_compare,
+                     fig_confidence_calibration, fig_position_acceptance, fig_round_lengths,
+                     fig_slot_confidence, has_confidence, slot_confidences)
 from .stats import (PositionStat, SpeedupEstimate, accepted_lengths, draft_depth, live_metrics,
                     position_acceptance, round_kind, speedup_estimate, trace_prefix)
 from .tables import (CompareRun, compare_runs_table, compare_summary_table, describe_extras,
@@ -12,7 +14,9 @@ from .tokens import (KIND_LABELS, TOKEN_CSS, TokenView, legend_html, round_views
                      tokens_html, visible_text)
 
 __all__ = [
-    "fig_accepted_hist", "fig_compare", "fig_position_acceptance", "fig_round_lengths",
+    "confidence_calibration", "fig_accepted_hist", "fig_compare", "fig_confidence_calibration",
+    "fig_position_acceptance", "fig_round_lengths", "fig_slot_confidence", "has_confidence",
+    "slot_confidences",
     "PositionStat", "SpeedupEstimate", "accepted_lengths", "draft_depth", "live_metrics",
     "position_acceptance", "round_kind", "speedup_estimate", "trace_prefix",
     "CompareRun", "compare_runs_table", "compare_summary_table", "describe_extras", "join_tokens",

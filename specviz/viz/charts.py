@@ -113,3 +113,104 @@ def fig_compare(summary: pd.DataFrame) -> go.Figure:
         fig.add_hline(y=1.0, line_dash="dot", line_color="#64748b")
     fig.update_layout(barmode="group")
     return _layout(fig, "Measured speedup vs plain decoding, and tau", "method", "")
+
+
+# ---------------------------------------------------------------- drafter confidence (DFlash)
+def slot_confidences(r) -> list[float]:
+    """The drafter's per-slot confidence of round ``r`` (max softmax prob of each draft slot, as
+    stored by block drafters such as DFlash in ``extras['confidence']``); [] when absent."""
+    conf = (r.extras or {}).get("confidence") or []
+    try:
+        return [float(c) for c in conf][:len(r.draft)]
+    except (TypeError, ValueError):
+        return []
+
+
+def has_confidence(trace: Trace) -> bool:
+    return any(slot_confidences(r) for r in trace.rounds)
+
+
+def _slot_state(r, k: int) -> str:
+    if k < r.accepted:
+        return "accepted"
+    return "rejected" if k == r.accepted else "not reached"
+
+
+def fig_slot_confidence(trace: Trace, round_index: int) -> go.Figure:
+    """One round: the drafter's confidence in each draft slot, coloured by what the target did
+    with it (accepted / first rejected / after the rejection), with the target's probability of
+    the drafted token as a marker -- where the drafter was sure and wrong is where it fails."""
+    from .tables import join_tokens
+
+    fig = go.Figure()
+    r = trace.rounds[round_index] if 0 <= round_index < len(trace.rounds) else None
+    conf = slot_confidences(r) if r is not None else []
+    if conf:
+        colors = {"accepted": CHART_COLORS["accepted"], "rejected": CHART_COLORS["rejected"],
+                  "not reached": "#cbd5e1"}
+        states = [_slot_state(r, k) for k in range(len(conf))]
+        words = [join_tokens([t], trace.token_texts) for t in r.draft[:len(conf)]]
+        x = list(range(1, len(conf) + 1))
+        for state in ("accepted", "rejected", "not reached"):
+            idx = [i for i, s in enumerate(states) if s == state]
+            if not idx:
+                continue
+            fig.add_bar(x=[x[i] for i in idx], y=[conf[i] for i in idx], name=state,
+                        marker_color=colors[state], text=[repr(words[i])[1:-1] for i in idx],
+                        textposition="outside", cliponaxis=False,
+                        hovertemplate="slot %{x}: drafted %{text}<br>drafter confidence "
+                                      "%{y:.3f}<extra>" + state + "</extra>")
+        p = [float(v) for v in (r.p_draft or [])][:len(conf)]
+        if p:
+            fig.add_scatter(x=x[:len(p)], y=p, mode="markers", name="target p(draft token)",
+                            marker=dict(symbol="diamond", size=9, color="#0f172a"),
+                            hovertemplate="slot %{x}: target p = %{y:.3f}<extra></extra>")
+        fig.update_yaxes(range=[0, 1.12])
+        fig.update_xaxes(dtick=1)
+        title = f"Round {r.index + 1}: drafter confidence per slot"
+    else:
+        title = "Drafter confidence per slot"
+    _layout(fig, title, "draft slot", "probability", empty=not conf)
+    if r is not None and not conf and trace.rounds:
+        fig.layout.annotations[0].text = "This round has no per-slot confidence"
+    fig.update_layout(barmode="overlay")
+    return fig
+
+
+def confidence_calibration(trace: Trace, bins: int = 5) -> pd.DataFrame:
+    """Drafted tokens the target actually judged (accepted ones + the first rejected one per
+    round), binned by drafter confidence: count and observed acceptance rate per bin."""
+    rows = []
+    for r in trace.rounds:
+        for k, c in enumerate(slot_confidences(r)):
+            if k <= r.accepted and not r.is_tree:
+                rows.append((c, k < r.accepted))
+    edges = [i / bins for i in range(bins + 1)]
+    out = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        sel = [a for c, a in rows if lo <= c < hi or (hi == 1.0 and c == 1.0)]
+        out.append({"bin": f"{lo:.1f}–{hi:.1f}", "mid": (lo + hi) / 2, "judged": len(sel),
+                    "accepted": sum(sel),
+                    "acceptance": (sum(sel) / len(sel)) if sel else None})
+    return pd.DataFrame(out)
+
+
+def fig_confidence_calibration(trace: Trace, bins: int = 5) -> go.Figure:
+    """Is the drafter's confidence honest? Observed acceptance per confidence bin vs the
+    diagonal (perfect calibration); bar width shows how many tokens fell in the bin."""
+    df = confidence_calibration(trace, bins)
+    have = df[df["judged"] > 0]
+    fig = go.Figure()
+    if not have.empty:
+        fig.add_bar(x=have["mid"], y=have["acceptance"], width=0.9 / bins, name="observed",
+                    marker_color=CHART_COLORS["accepted"],
+                    customdata=have[["bin", "judged", "accepted"]].values,
+                    hovertemplate="confidence %{customdata[0]}: %{customdata[2]} of "
+                                  "%{customdata[1]} accepted (%{y:.0%})<extra></extra>")
+        fig.add_scatter(x=[0, 1], y=[0, 1], mode="lines", name="calibrated",
+                        line=dict(dash="dot", color="#64748b"), hoverinfo="skip")
+        fig.update_xaxes(range=[0, 1])
+        fig.update_yaxes(range=[0, 1.05], tickformat=".0%")
+    _layout(fig, "Confidence vs acceptance (tokens the target judged)", "drafter confidence",
+            "accepted", empty=have.empty)
+    return fig
