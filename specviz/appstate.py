@@ -81,6 +81,13 @@ PARAM_HELP = {
                                 "(n from this value down to 1) earlier in prompt + output."),
     "num_output_tokens": ("draft length", "How many tokens after the match are copied as the "
                           "draft (the most a round can accept)."),
+    "checkpoint": ("drafter checkpoint", "A DFlash drafter folder or hub id (config.json + "
+                   "model.safetensors). Empty = the drafter this project trained for the "
+                   "embedded SmolLM2-135M-Instruct."),
+    "block_size": ("block size", "Slots per block (anchor + masks); 0 = the checkpoint's own. "
+                   "Smaller blocks draft fewer tokens per round."),
+    "draft_temperature": ("draft temperature", "0 = argmax drafts; > 0 samples each slot "
+                          "(still lossless: the target verifies with rejection sampling)."),
 }
 
 

@@ -131,3 +131,29 @@ def repetitive_prompt(rng, vocab: int, length: int) -> list[int]:
     while len(ids) < length:
         ids += base if rng.random() < 0.7 else [rng.randrange(3, vocab)]
     return ids[:length]
+
+
+_AR_CACHE: dict = {}
+
+
+def greedy_lossless_runs(target, method: str, prompts: list[dict], max_new_tokens: int,
+                         **params) -> list[tuple]:
+    """Greedy runs of ``method`` on real ``prompts`` next to plain greedy decoding (AR outputs
+    are cached per prompt and length across tests); fails on any divergence that is not a
+    near-tie. Returns (ar trace, method trace, comparison) per prompt."""
+    from specviz.analysis.stats import compare_outputs
+    from specviz.engine import DecodeSettings, generate
+
+    settings = DecodeSettings(max_new_tokens=max_new_tokens)
+    out = []
+    for row in prompts:
+        key = (id(target), row["prompt"], max_new_tokens)
+        if key not in _AR_CACHE:
+            _AR_CACHE[key] = generate(target, "ar", row["prompt"], settings)
+        ar = _AR_CACHE[key]
+        run = generate(target, method, row["prompt"], settings, **params)
+        rep = compare_outputs(target, run.prompt_ids, ar.output_ids, run.output_ids)
+        assert rep.ok, (f"{row['id']}: {method} diverged from greedy at token "
+                        f"{rep.first_divergence} (top-2 gap {rep.top2_gap})")
+        out.append((ar, run, rep))
+    return out

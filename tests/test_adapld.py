@@ -16,8 +16,8 @@ from specviz.errors import SettingsError
 from specviz.trace import Round, Trace
 from specviz.tree import TokenTree
 
-from conftest import (assert_same_law, example_prompts, first_two_token_counts, make_tiny_target,
-                      repetitive_prompt)
+from conftest import (assert_same_law, example_prompts, first_two_token_counts,
+                      greedy_lossless_runs, make_tiny_target, repetitive_prompt)
 
 
 
@@ -456,17 +456,10 @@ def test_missing_embedder_package_is_a_clear_settings_error(monkeypatch):
 def test_adapld_greedy_lossless_on_real_prompts(embedded_target):
     prompts = example_prompts(4)
     assert len(prompts) >= 20
-    settings = DecodeSettings(max_new_tokens=32)
-    identical = accepted = 0
-    for row in prompts:
-        ar = generate(embedded_target, "ar", row["prompt"], settings)
-        ada = generate(embedded_target, "adapld", row["prompt"], settings)
-        rep = compare_outputs(embedded_target, ada.prompt_ids, ar.output_ids, ada.output_ids)
-        assert rep.ok, (f"{row['id']}: AdaPLD diverged from greedy at token "
-                        f"{rep.first_divergence} (top-2 gap {rep.top2_gap})")
-        identical += rep.identical
-        accepted += sum(r.accepted for r in ada.rounds)
-        assert ada.target_forwards <= ar.target_forwards
-        json.dumps([r.extras for r in ada.rounds])
+    runs = greedy_lossless_runs(embedded_target, "adapld", prompts, 40)
+    identical = sum(rep.identical for _, _, rep in runs)
     assert identical >= len(prompts) - 2
+    assert all(ada.target_forwards <= ar.target_forwards for ar, ada, _ in runs)
+    json.dumps([r.extras for _, ada, _ in runs for r in ada.rounds])
+    accepted = sum(r.accepted for _, ada, _ in runs for r in ada.rounds)
     assert accepted > 40

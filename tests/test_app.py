@@ -431,3 +431,22 @@ def test_trace_roundtrip_through_upload_helper(tmp_path):
     assert back.output_ids == t.output_ids
     assert appstate.trace_filename(back).endswith(".json")
     assert isinstance(back, Trace)
+
+
+@pytest.mark.integration
+def test_dflash_decode_shows_slot_confidence():
+    """The bundled DFlash drafter on the decode page: per-slot confidence chart + calibration."""
+    at = new_app()
+    at.selectbox(key="method").set_value("dflash").run()
+    assert_clean(at)
+    for _ in range(2):
+        at.button(key="next").click().run()
+        assert_clean(at)
+    trace = at.session_state["dec_trace"]
+    assert trace.meta["method"] == "dflash" and trace.num_rounds == 2
+    conf = trace.rounds[-1].extras["confidence"]
+    assert len(conf) == len(trace.rounds[-1].draft) > 0
+    specs = [c.proto.spec for c in at.get("plotly_chart")]
+    assert any("drafter confidence per slot" in s for s in specs)
+    assert any("Confidence vs acceptance" in s for s in specs)
+    assert any("Drafter confidence per slot" in m.value for m in at.markdown)

@@ -163,6 +163,49 @@ def test_learned_mask_embedding_round_trip(tmp_path, tiny_target):
     assert torch.equal(d.model.mask_embedding, m.mask_embedding)
 
 
+def test_draft_vocabulary_round_trip_and_restriction(tmp_path, tiny_target):
+    from safetensors.torch import load_file, save_file
+
+    m = new_dflash_for_target(tiny_target, num_layers=1, block_size=5, seed=4)
+    vocab = tiny_target.model.config.vocab_size
+    dv = torch.arange(2, vocab, 3)
+    m.draft_vocab = dv.clone()
+    folder = save_dflash_checkpoint(m, tmp_path / "dv")
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["dflash_config"]["draft_vocab_size"] == dv.numel()
+    d = make_drafter("dflash", tiny_target, checkpoint=str(folder))
+    assert torch.equal(d.model.draft_vocab, dv) and d.config()["draft_vocab_size"] == dv.numel()
+    # restricted logits equal the full head on the draft vocabulary, -inf elsewhere
+    h = torch.randn(3, m.hidden_size)
+    head = tiny_target.model.get_output_embeddings()
+    with torch.no_grad():
+        full, got = head(h), d.model.slot_logits(h, head)
+    assert torch.allclose(got[:, dv], full[:, dv], atol=1e-5)
+    outside = torch.ones(vocab, dtype=torch.bool)
+    outside[dv] = False
+    assert torch.isinf(got[:, outside]).all()
+    # drafts only use draft-vocabulary words, and greedy output is still plain greedy
+    rng = random.Random(5)
+    allowed = set(dv.tolist())
+    for _ in range(4):
+        prompt = random_prompt(rng, vocab)
+        ar = generate(tiny_target, "ar", prompt, DecodeSettings(max_new_tokens=20))
+        tr = generate(tiny_target, "dflash", prompt, DecodeSettings(max_new_tokens=20),
+                      checkpoint=str(folder))
+        assert tr.output_ids == ar.output_ids
+        assert all(t in allowed for r in tr.rounds for t in r.draft)
+    # a corrupt draft vocabulary (unsorted / outside the vocab) is named
+    for bad in (torch.tensor([5, 3]), torch.tensor([1, vocab + 7])):
+        state = load_file(str(folder / "model.safetensors"))
+        state["draft_vocab"] = bad
+        bf = tmp_path / f"bad{int(bad[1])}"
+        bf.mkdir()
+        (bf / "config.json").write_text((folder / "config.json").read_text())
+        save_file(state, str(bf / "model.safetensors"))
+        with pytest.raises(ModelLoadError, match="draft_vocab"):
+            make_drafter("dflash", tiny_target, checkpoint=str(bf))
+
+
 # ----------------------------------------------------------------------------- lossless
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
 def test_greedy_lossless_and_cache_consistent(kind, tiny_target, qwen3_target):
@@ -296,3 +339,35 @@ def test_bad_checkpoints_fail_clearly(tmp_path, qwen3_target, tiny_target):
         make_drafter("dflash", qwen3_target, checkpoint=str(other))
     with pytest.raises(SpecvizError):  # not a folder, not cached, hub offline in tests
         make_drafter("dflash", qwen3_target, checkpoint="nobody/no-such-dflash")
+
+
+# ----------------------------------------------------------------------------- embedded model
+def test_bundled_drafter_only_for_its_target(tiny_target):
+    from specviz.drafters.dflash import BUNDLED_DIR, BUNDLED, bundled_checkpoint
+
+    folder = BUNDLED_DIR / BUNDLED["SmolLM2-135M-Instruct"]
+    assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
+    assert (folder / "model.safetensors").stat().st_size < 30 * 2 ** 20
+    assert bundled_checkpoint(tiny_target) is None
+    with pytest.raises(SettingsError, match="checkpoint=PATH_OR_HUB_ID"):
+        make_drafter("dflash", tiny_target)
+
+    class Named:
+        name = "SmolLM2-135M-Instruct (embedded)"
+    assert bundled_checkpoint(Named()) == folder
+
+
+@pytest.mark.integration
+def test_bundled_drafter_greedy_lossless_on_real_prompts(embedded_target):
+    from conftest import example_prompts, greedy_lossless_runs
+
+    prompts = example_prompts(4)  # 5 categories x 4 = 20 real prompts
+    assert len(prompts) >= 20
+    runs = greedy_lossless_runs(embedded_target, "dflash", prompts, 40)
+    identical = sum(rep.identical for _, _, rep in runs)
+    assert identical >= len(prompts) - 1, f"only {identical}/{len(prompts)} identical"
+    for _, df, _ in runs:
+        assert all(len(r.extras["confidence"]) == len(r.draft) for r in df.rounds)
+    tokens = sum(len(df.output_ids) for _, df, _ in runs)
+    rounds = sum(df.num_rounds for _, df, _ in runs)
+    assert tokens / rounds > 1.5, f"the bundled drafter's tau is only {tokens / rounds:.2f}"

@@ -1,10 +1,9 @@
 """Integration on the embedded SmolLM2-135M-Instruct: PLD is lossless on real prompts."""
 import pytest
 
-from specviz.analysis.stats import compare_outputs
 from specviz.engine import DecodeSettings, generate
 
-from conftest import example_prompts
+from conftest import example_prompts, greedy_lossless_runs
 
 pytestmark = pytest.mark.integration
 
@@ -12,19 +11,11 @@ pytestmark = pytest.mark.integration
 def test_pld_greedy_lossless_on_real_prompts(embedded_target):
     prompts = example_prompts(5)  # 5 categories x 5 = 25 real prompts
     assert len(prompts) >= 20
-    settings = DecodeSettings(max_new_tokens=40)
-    identical = near_ties = accepted = 0
-    for row in prompts:
-        ar = generate(embedded_target, "ar", row["prompt"], settings)
-        pld = generate(embedded_target, "pld", row["prompt"], settings)
-        rep = compare_outputs(embedded_target, pld.prompt_ids, ar.output_ids, pld.output_ids)
-        assert rep.ok, (f"{row['id']}: PLD diverged from greedy at token {rep.first_divergence} "
-                        f"(top-2 gap {rep.top2_gap})")
-        identical += rep.identical
-        near_ties += rep.near_tie
-        accepted += sum(r.accepted for r in pld.rounds)
-        assert pld.target_forwards <= ar.target_forwards
+    runs = greedy_lossless_runs(embedded_target, "pld", prompts, 40)
+    identical = sum(rep.identical for _, _, rep in runs)
     assert identical >= len(prompts) - 2, f"only {identical}/{len(prompts)} identical"
+    assert all(pld.target_forwards <= ar.target_forwards for ar, pld, _ in runs)
+    accepted = sum(r.accepted for _, pld, _ in runs for r in pld.rounds)
     assert accepted > 100  # PLD drafts really were accepted on these prompts
 
 

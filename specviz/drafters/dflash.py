@@ -55,6 +55,7 @@ from ..models import ModelLoadError
 from .base import Draft, DraftContext, Drafter, VerifyFeedback
 
 CONFIG_NAME = "config.json"
+DRAFT_VOCAB_KEY = "draft_vocab"
 WEIGHTS_NAME = "model.safetensors"
 ARCHITECTURE = "DFlashDraftModel"
 MAX_BLOCK_SIZE = 64
@@ -205,6 +206,11 @@ class DFlashDraftModel(nn.Module):
         self.norm = _rms_norm(H, eps)
         if self.learned_mask:
             self.mask_embedding = nn.Parameter(torch.zeros(H))
+        # Optional draft vocabulary (sorted target ids; FR-Spec-style): the drafter scores only
+        # these rows of the frozen LM head -- the head over 49k words costs more than the
+        # drafter's layers on a CPU. Stored as the extra tensor DRAFT_VOCAB_KEY; not a buffer,
+        # so published checkpoints (without it) keep loading strictly.
+        self.draft_vocab: torch.Tensor | None = None
         rope_keys = {k: cfg[k] for k in ("hidden_size", "num_attention_heads", "head_dim",
                                          "rope_theta", "rope_parameters", "rope_scaling",
                                          "max_position_embeddings", "partial_rotary_factor")
@@ -250,6 +256,23 @@ class DFlashDraftModel(nn.Module):
         for layer, (k, v) in zip(self.layers, ctx_kv):
             x = layer(x, k, v, cos, sin)
         return self.norm(x)
+
+    def slot_logits(self, h: torch.Tensor, head: nn.Module) -> torch.Tensor:
+        """Logits [..., V] of final states ``h`` through the target's LM ``head``; with a draft
+        vocabulary only those rows are computed and every other word gets -inf."""
+        h = h.to(device=head.weight.device, dtype=head.weight.dtype)
+        if self.draft_vocab is None:
+            return head(h)
+        dv = self.draft_vocab.to(head.weight.device)
+        cached = getattr(self, "_sub_head", None)
+        if cached is None or cached[0] is not head.weight or cached[1].device != dv.device \
+                or cached[2] != head.weight.dtype or cached[1].numel() != dv.numel():
+            cached = (head.weight, dv, head.weight.dtype, head.weight.detach()[dv].contiguous())
+            self._sub_head = cached
+        sub = F.linear(h, cached[3])
+        out = sub.new_full((*sub.shape[:-1], head.weight.shape[0]), float("-inf"))
+        out[..., dv] = sub
+        return out
 
     def forward(self, block_emb: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         """No-cache reference path: context [1, n, k*H] of positions 0..n-1, block at n."""
@@ -340,6 +363,17 @@ def load_dflash_checkpoint(checkpoint: str | Path, device: str | torch.device = 
         raise
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelLoadError(f"bad DFlash config: {exc}") from exc
+    dv = state.pop(DRAFT_VOCAB_KEY, None)
+    if dv is not None:
+        vocab = int(cfg.get("vocab_size") or 0)
+        ok = dv.dim() == 1 and dv.numel() > 0 and not dv.is_floating_point()
+        if ok:
+            dv = dv.long()
+            ok = bool((dv[1:] > dv[:-1]).all()) and int(dv[0]) >= 0 and (
+                not vocab or int(dv[-1]) < vocab)
+        if not ok:
+            raise ModelLoadError(f"DFlash checkpoint {folder.name}: {DRAFT_VOCAB_KEY} must be "
+                                 "sorted distinct word ids inside the vocabulary")
     want = model.state_dict()
     unexpected = set(state) - set(want)
     missing = set(want) - set(state)
@@ -356,6 +390,7 @@ def load_dflash_checkpoint(checkpoint: str | Path, device: str | torch.device = 
     if bad:
         raise ModelLoadError(f"DFlash weight shapes do not match its config: {_few(bad, 3)}")
     model.load_state_dict(state, strict=True)
+    model.draft_vocab = dv
     model.eval().requires_grad_(False)
     return model.to(device=device, dtype=dtype or next(iter(state.values())).dtype)
 
@@ -392,6 +427,12 @@ def save_dflash_checkpoint(model: DFlashDraftModel, folder: str | Path) -> Path:
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     if state:
         cfg["dtype"] = str(next(iter(state.values())).dtype).replace("torch.", "")
+    dc = dict(cfg.get("dflash_config") or {})
+    dc.pop("draft_vocab_size", None)
+    if model.draft_vocab is not None:
+        state[DRAFT_VOCAB_KEY] = model.draft_vocab.detach().to("cpu", torch.int64).contiguous()
+        dc["draft_vocab_size"] = int(model.draft_vocab.numel())
+    cfg["dflash_config"] = dc
     (folder / CONFIG_NAME).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
     return folder
@@ -460,6 +501,9 @@ def _check_compatible(model: DFlashDraftModel, target) -> None:
     if not model.learned_mask and not 0 <= model.mask_token_id < d["vocab"]:
         raise ModelLoadError(f"DFlash mask_token_id {model.mask_token_id} is outside the target's "
                              f"vocab (0..{d['vocab'] - 1})")
+    if model.draft_vocab is not None and int(model.draft_vocab.max()) >= d["vocab"]:
+        raise ModelLoadError(f"DFlash draft vocabulary has ids beyond the target's vocab "
+                             f"(0..{d['vocab'] - 1})")
     bad = [i for i in model.target_layer_ids if not 0 <= i < d["num_layers"]]
     if bad:
         raise ModelLoadError(f"DFlash target_layer_ids {bad} are out of range for a target with "
@@ -595,8 +639,7 @@ class DFlashDrafter(Drafter):
                 x = torch.cat([x[:, :1], m.mask_embedding.view(1, 1, -1).expand(1, B - 1, -1)], 1)
             kv = self._kv or self._empty_kv()
             h = m.forward_block(x, kv, n - 1)[:, 1:]
-            head = tgt.get_output_embeddings()
-            logits = head(h.to(device=head.weight.device, dtype=head.weight.dtype))
+            logits = m.slot_logits(h, tgt.get_output_embeddings())
         return logits[0].float()
 
     def _empty_kv(self):
@@ -640,4 +683,6 @@ class DFlashDrafter(Drafter):
                 "checkpoint_block_size": int(self.model.block_size),
                 "target_layer_ids": list(self.model.target_layer_ids),
                 "num_layers": len(self.model.layers), "draft_temperature": self.draft_temperature,
-                "mask": "learned" if self.model.learned_mask else int(self.model.mask_token_id)}
+                "mask": "learned" if self.model.learned_mask else int(self.model.mask_token_id),
+                "draft_vocab_size": None if self.model.draft_vocab is None
+                else int(self.model.draft_vocab.numel())}

@@ -8,6 +8,11 @@ every block of that sequence attends to its own prefix of it through a boolean m
 (1..B-1) is trained with CE against token a+k (slots past the reply end are ignored), weighted
 w_k = exp(-(k-1)/gamma), normalised over the valid slots of the batch. The target's embedding and
 LM head are frozen; only the drafter's weights (incl. the learned mask embedding) train.
+The softmax of a step runs over every word that occurs in a training reply plus ``negatives``
+random other words (a sampled softmax: the 49k-word head is ~90 % of a CPU step otherwise); that
+reply vocabulary is saved as the drafter's *draft vocabulary* (FR-Spec-style restriction of the
+drafter's head, which also makes drafting cheaper; verification, hence losslessness, is
+unaffected).
 AdamW, linear warmup then cosine decay to 10 %, grad-norm clip 1.0.
 
 Output folder: ``config.json`` + ``model.safetensors`` in the published layout
@@ -149,10 +154,10 @@ def anchor_hidden(model, target, tokens: torch.Tensor, hidden: torch.Tensor,
 
 def anchor_logits(model, target, tokens: torch.Tensor, hidden: torch.Tensor,
                   anchors: torch.Tensor, ctx_kv=None) -> torch.Tensor:
-    """Slot logits [K, B-1, V] (the target's full, frozen LM head) of blocks at ``anchors``."""
+    """Slot logits [K, B-1, V] (the target's frozen LM head; -inf outside the drafter's draft
+    vocabulary when it has one, exactly as at inference) of blocks at ``anchors``."""
     h = anchor_hidden(model, target, tokens, hidden, anchors, ctx_kv)
-    head = target.model.get_output_embeddings()
-    return head(h.to(head.weight.dtype))
+    return model.slot_logits(h, target.model.get_output_embeddings())
 
 
 def reply_vocab(rollouts: RolloutSet) -> torch.Tensor:
@@ -335,6 +340,9 @@ def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainCo
         sched.load_state_dict(st["scheduler"])
     weights = slot_weights(cfg.block_size, cfg.gamma)
     active = reply_vocab(train_set) if cfg.negatives >= 0 else None
+    # the words the drafter is trained on become its draft vocabulary (saved with it, used at
+    # inference and by the tau estimate); words outside it are never proposed
+    model.draft_vocab = None if active is None else active.clone()
     vgen = torch.Generator().manual_seed(cfg.seed + start)
     vocab_size = int(head.weight.shape[0])
     save_every = cfg.save_every or cfg.eval_every or cfg.steps
