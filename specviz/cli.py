@@ -188,7 +188,8 @@ def cmd_train_dflash(args) -> int:
                       lr=args.lr, warmup=args.warmup, gamma=args.gamma,
                       eval_every=args.eval_every, eval_rollouts=args.eval_rollouts,
                       save_every=args.save_every, seed=args.seed,
-                      save_dtype=args.save_dtype, negatives=args.negatives).validate()
+                      save_dtype=args.save_dtype, negatives=args.negatives,
+                      init=args.init).validate()
     meta = read_meta(args.rollouts)  # missing / not a rollouts folder fails before the model loads
     target = load_target(args.model or meta.get("model") or "default", device=args.device,
                          dtype="float32")
@@ -292,6 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-rollouts", type=int, default=32)
     p.add_argument("--save-every", type=int, default=None)
     p.add_argument("--save-dtype", default="float32")
+    p.add_argument("--init", default="random", choices=["random", "target"],
+                   help="start from random weights or from the target's top layers")
     p.add_argument("--negatives", type=int, default=4096,
                    help="sampled softmax: every reply token + N random other words per step "
                         "(-1 = full vocabulary, slower)")

@@ -139,6 +139,25 @@ def test_training_lowers_loss_saves_layout_and_tau_matches_session(tmp_path, tar
         train_dflash(target, out, ck, cfg2)
 
 
+def test_init_from_target_copies_top_layers(target):
+    from specviz.drafters.dflash import init_from_target
+
+    m = new_dflash_for_target(target, num_layers=2, block_size=4, target_layer_ids=[0, 2], seed=1)
+    init_from_target(m, target)
+    src = target.model.model.layers
+    assert torch.equal(m.layers[0].mlp.up_proj.weight, src[1].mlp.up_proj.weight)
+    assert torch.equal(m.layers[1].self_attn.q_proj.weight, src[2].self_attn.q_proj.weight)
+    assert torch.equal(m.norm.weight, target.model.model.norm.weight)
+    feats = torch.randn(1, 5, 2 * 32)
+    assert torch.allclose(m.fc(feats), feats[..., 32:])  # the last tapped layer passes through
+    with pytest.raises(Exception, match="cannot initialise"):
+        init_from_target(new_dflash_for_target(target, num_layers=4, block_size=4), target)
+    cfg = TrainConfig(init="target", steps=1)
+    assert cfg.validate().init == "target"
+    with pytest.raises(Exception, match="--init"):
+        TrainConfig(init="magic").validate()
+
+
 def test_sampled_softmax_loss(target):
     m = new_dflash_for_target(target, num_layers=1, block_size=4, target_layer_ids=[0, 2], seed=2)
     g = torch.Generator().manual_seed(0)

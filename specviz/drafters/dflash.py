@@ -25,6 +25,15 @@ e.g. ``z-lab/Qwen3-8B-DFlash-b16``; loaded WITHOUT ``trust_remote_code``, strict
   ``layers.{i}.mlp.{gate,up,down}_proj.weight``; plus, only for targets without a spare
   embedding row, ``mask_embedding`` [H] (config ``dflash_config.learned_mask_embedding: true``).
   Sliding-window layers (``use_sliding_window``) are not supported and rejected at load time.
+* optional (specviz-trained drafters): ``draft_vocab`` int64 [Vd] in model.safetensors and
+  ``dflash_config.draft_vocab_size`` -- the sorted target word ids the drafter may propose (the
+  words of its training replies). Only those rows of the LM head are computed (FR-Spec-style;
+  on a CPU the 49k-word head costs more than two drafter layers); published checkpoints have no
+  such key and score the full vocabulary.
+
+Bundled drafter: ``specviz/weights/dflash-smollm2-135m-instruct`` was trained by
+``python -m specviz train rollouts`` + ``train dflash`` (README) for the embedded target; it is
+used when ``checkpoint`` is left empty and the target is SmolLM2-135M-Instruct.
 
 Runtime (:class:`DFlashDrafter`): the drafter keeps a per-layer cache of the context K/V,
 one row per committed position except the last committed token (which is the block's slot 0):
@@ -487,6 +496,34 @@ def new_dflash_for_target(target, num_layers: int = 1, block_size: int = 8,
     model.init_weights(generator=torch.Generator().manual_seed(int(seed)))
     _check_compatible(model, target)
     return model.to(device=target.device, dtype=target.dtype).eval()
+
+
+@torch.no_grad()
+def init_from_target(model: DFlashDraftModel, target) -> DFlashDraftModel:
+    """Start a new drafter from the target's own top layers: drafter layer i copies target layer
+    L - n + i (attention, MLP, norms -- Llama/Qwen names; shapes must match), the final norm is
+    the target's, and ``fc`` passes the LAST tapped layer's features through unchanged (the
+    context then looks like what those target layers read). A warm start for training."""
+    src_layers = target.model.model.layers
+    n, L = len(model.layers), len(src_layers)
+    if n > L:
+        raise SettingsError(f"cannot initialise {n} drafter layers from a {L}-layer target")
+    for i, layer in enumerate(model.layers):
+        src = dict(src_layers[L - n + i].named_parameters())
+        for name, p in layer.named_parameters():
+            if name in src and tuple(src[name].shape) == tuple(p.shape):
+                p.copy_(src[name].to(p.dtype))
+    tgt_norm = getattr(target.model.model, "norm", None)
+    if tgt_norm is not None and tuple(tgt_norm.weight.shape) == tuple(model.norm.weight.shape):
+        model.norm.weight.copy_(tgt_norm.weight.to(model.norm.weight.dtype))
+    H = model.hidden_size
+    k = len(model.target_layer_ids)
+    model.fc.weight.zero_()
+    model.fc.weight[:, (k - 1) * H:] = torch.eye(H, dtype=model.fc.weight.dtype)
+    ln = dict(src_layers[L - n].named_parameters()).get("input_layernorm.weight")
+    if ln is not None and tuple(ln.shape) == tuple(model.hidden_norm.weight.shape):
+        model.hidden_norm.weight.copy_(ln.to(model.hidden_norm.weight.dtype))
+    return model
 
 
 def _check_compatible(model: DFlashDraftModel, target) -> None:

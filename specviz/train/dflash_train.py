@@ -65,6 +65,7 @@ class TrainConfig:
     seed: int = 0
     intermediate_size: int | None = None
     save_dtype: str = "float32"
+    init: str = "random"           # "random" | "target" (copy the target's top layers)
     negatives: int = 4096          # sampled-softmax negatives per step; -1 = full vocabulary
 
     def validate(self) -> "TrainConfig":
@@ -76,6 +77,8 @@ class TrainConfig:
             raise SettingsError("--steps, --batch-size and --anchors-per-seq must be at least 1")
         if not self.lr > 0 or not 0 <= self.warmup < 1 or not self.gamma > 0:
             raise SettingsError("--lr and --gamma must be > 0 and --warmup in [0, 1)")
+        if self.init not in ("random", "target"):
+            raise SettingsError("--init must be 'random' or 'target'")
         if self.save_dtype not in ("float32", "bfloat16", "float16"):
             raise SettingsError("--save-dtype must be float32, bfloat16 or float16")
         return self
@@ -328,6 +331,10 @@ def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainCo
         model = new_dflash_for_target(target, num_layers=cfg.num_layers, block_size=cfg.block_size,
                                       target_layer_ids=list(meta["target_layer_ids"]),
                                       intermediate_size=cfg.intermediate_size, seed=cfg.seed)
+        if cfg.init == "target":
+            from ..drafters.dflash import init_from_target
+
+            init_from_target(model, target)
     model = model.to(device=target.device, dtype=torch.float32).train().requires_grad_(True)
     head = target.model.get_output_embeddings()
     if head.weight.dtype != torch.float32 and str(target.device) == "cpu":
