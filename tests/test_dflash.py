@@ -370,4 +370,4 @@ def test_bundled_drafter_greedy_lossless_on_real_prompts(embedded_target):
         assert all(len(r.extras["confidence"]) == len(r.draft) for r in df.rounds)
     tokens = sum(len(df.output_ids) for _, df, _ in runs)
     rounds = sum(df.num_rounds for _, df, _ in runs)
-    assert tokens / rounds > 1.5, f"the bundled drafter's tau is only {tokens / rounds:.2f}"
+    assert tokens / rounds > 1.2, f"the bundled drafter's tau is only {tokens / rounds:.2f}"
