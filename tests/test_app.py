@@ -160,16 +160,21 @@ def assert_clean(at):
     assert not at.error, [e.value for e in at.error]
 
 
-@pytest.fixture(scope="module")
-def decoded_app():
-    """The app after choosing PLD and clicking Next round three times."""
+def app_after_rounds(method: str, rounds: int):
+    """The app after choosing ``method`` and clicking Next round ``rounds`` times."""
     at = new_app()
-    at.selectbox(key="method").set_value("pld").run()
+    at.selectbox(key="method").set_value(method).run()
     assert_clean(at)
-    for _ in range(3):
+    for _ in range(rounds):
         at.button(key="next").click().run()
         assert_clean(at)
     return at
+
+
+@pytest.fixture(scope="module")
+def decoded_app():
+    """The app after choosing PLD and clicking Next round three times."""
+    return app_after_rounds("pld", 3)
 
 
 @pytest.mark.integration
@@ -436,12 +441,7 @@ def test_trace_roundtrip_through_upload_helper(tmp_path):
 @pytest.mark.integration
 def test_dflash_decode_shows_slot_confidence():
     """The bundled DFlash drafter on the decode page: per-slot confidence chart + calibration."""
-    at = new_app()
-    at.selectbox(key="method").set_value("dflash").run()
-    assert_clean(at)
-    for _ in range(2):
-        at.button(key="next").click().run()
-        assert_clean(at)
+    at = app_after_rounds("dflash", 2)
     trace = at.session_state["dec_trace"]
     assert trace.meta["method"] == "dflash" and trace.num_rounds == 2
     conf = trace.rounds[-1].extras["confidence"]

@@ -186,12 +186,14 @@ def step_vocab(active: torch.Tensor, vocab_size: int, negatives: int,
 
 def sequence_loss(model, target, tokens, hidden, prompt_len: int, n_anchors: int,
                   weights: torch.Tensor, rng: random.Random,
-                  vocab: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  vocab: torch.Tensor | None = None,
+                  vocab_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of w_k * CE over valid slots, sum of w_k over valid slots) for random anchors.
 
     ``vocab`` (sorted ids containing every label) restricts the softmax to those rows of the
     frozen LM head -- a sampled softmax: ~5x less work in the 49k-word head, which is 90 % of a
-    CPU step. None = the full vocabulary."""
+    CPU step. None = the full vocabulary. ``vocab_weight`` = ``head.weight[vocab]`` when the
+    caller already gathered it (once per step, shared by the step's sequences)."""
     T = int(tokens.shape[0])
     lo, hi = max(0, prompt_len - 1), T - 2
     if hi < lo:
@@ -215,7 +217,9 @@ def sequence_loss(model, target, tokens, hidden, prompt_len: int, n_anchors: int
         if not bool(ok[valid.to(ok.device)].all()):
             raise SpecvizError("a label is missing from the training vocabulary")
         labels = idx.clamp(max=vocab.numel() - 1)
-        logits = F.linear(h.to(head.weight.dtype), head.weight[vocab]).float()
+        if vocab_weight is None:
+            vocab_weight = head.weight[vocab]
+        logits = F.linear(h.to(head.weight.dtype), vocab_weight).float()
     labels = labels.to(logits.device)
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
                          reduction="none").view_as(tpos)
@@ -381,13 +385,15 @@ def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainCo
         tot = torch.zeros((), device=dev)
         wsum = torch.zeros((), device=dev)
         vocab = None if active is None else step_vocab(active, vocab_size, cfg.negatives, vgen)
+        vocab_weight = (None if vocab is None
+                        else head.weight.detach()[vocab.to(head.weight.device)])
         for _ in range(cfg.batch_size):
             if not order:
                 order = list(range(len(train_set)))
                 rng.shuffle(order)
             t, h, p = train_set.load(order.pop())
             ls, ws = sequence_loss(model, target, t, h, p, cfg.anchors_per_seq, weights, rng,
-                                   vocab)
+                                   vocab, vocab_weight)
             tot, wsum = tot + ls.to(dev), wsum + ws.to(dev)
         if float(wsum) <= 0:
             continue
