@@ -26,8 +26,8 @@ import streamlit as st  # noqa: E402
 
 from specviz import appstate  # noqa: E402
 from specviz.drafters import METHODS  # noqa: E402
+from specviz.drafters.registry import ParamSpec  # noqa: E402
 from specviz.errors import SpecvizError  # noqa: E402
-from specviz.viz.adapld import ADAPLD_METHODS, PARAM_HELP as ADAPLD_PARAM_HELP  # noqa: E402
 
 st.set_page_config(page_title="specviz — speculative decoding, step by step", page_icon="⚡",
                    layout="wide", initial_sidebar_state="expanded")
@@ -86,6 +86,24 @@ def _on_example(examples: list[dict]) -> None:
         st.session_state["prompt_text"] = ex["prompt"]
 
 
+def param_widget(spec: ParamSpec, key: str):
+    """One method setting's sidebar widget, from its registry entry: a checkbox, a selectbox of
+    its choices, a number input bounded by its range, or a text input."""
+    hlp = spec.help or None
+    if spec.type is bool:
+        return st.checkbox(spec.label, key=key, help=hlp)
+    if spec.choices:
+        return st.selectbox(spec.label, list(spec.choices), key=key, help=hlp)
+    if spec.type in (int, float):
+        lo, hi = spec.range or (None, None)
+        cast = spec.type
+        return st.number_input(spec.label, key=key, help=hlp,
+                               step=cast(1) if cast is int else 0.05,
+                               min_value=None if lo is None else cast(lo),
+                               max_value=None if hi is None else cast(hi))
+    return st.text_input(spec.label, key=key, help=hlp)
+
+
 def sidebar(examples: list[dict]) -> None:
     ss = st.session_state
     by_cat = appstate.examples_by_category(examples)
@@ -106,27 +124,16 @@ def sidebar(examples: list[dict]) -> None:
         if ss.get("method") not in METHODS:
             ss["method"] = next(iter(METHODS))
         method = st.selectbox("Method", list(METHODS), key="method",
-                              format_func=lambda m: m.upper(), label_visibility="collapsed")
-        st.caption(METHODS[method])
+                              format_func=lambda m: METHODS[m].display,
+                              label_visibility="collapsed")
+        st.caption(METHODS[method].description)
         params = {}
         for spec in appstate.method_param_specs(method):
             key = f"param_{method}_{spec.name}"
             ss.setdefault(key, spec.default)
-            hlp = spec.help or (ADAPLD_PARAM_HELP.get(spec.name, "")
-                                if method in ADAPLD_METHODS else "")
-            if spec.kind == "bool":
-                params[spec.name] = st.checkbox(spec.label, key=key, help=hlp or None)
-            elif spec.kind == "int":
-                params[spec.name] = st.number_input(spec.label, step=1, key=key,
-                                                    help=hlp or None)
-            elif spec.kind == "float":
-                params[spec.name] = st.number_input(spec.label, step=0.05, key=key,
-                                                    help=hlp or None)
-            else:
-                params[spec.name] = st.text_input(spec.label, key=key, help=hlp or None)
-
-        if method in ADAPLD_METHODS:
-            st.caption("See the **AdaPLD** page for where each draft comes from.")
+            params[spec.name] = param_widget(spec, key)
+        if METHODS[method].hint:
+            st.caption(METHODS[method].hint)
 
         st.markdown("**Decoding**")
         st.radio("Verification", ["Greedy", "Sampling"], key="mode", horizontal=True,

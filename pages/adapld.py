@@ -10,6 +10,7 @@ import streamlit as st
 
 from pages import ui
 from specviz import appstate, viz
+from specviz.analysis.metrics import METRIC_HELP
 from specviz.drafters import make_drafter
 from specviz.errors import SpecvizError
 from specviz.viz import adapld as va
@@ -20,15 +21,13 @@ SOURCES = {"decode": "The Decode page's run", "page": "The run made on this page
 ABLATION_CHOICES = [("adapld_lex", "Lexical only", True), ("adapld_sem", "+ semantic", True),
                     ("adapld", "+ branches (full AdaPLD)", True), ("pld", "PLD (reference)", True)]
 
-st.markdown("## AdaPLD: where drafts come from")
-st.caption("AdaPLD drafts by looking the end of the text up in the prompt and what was generated "
-           "so far: an exact n-gram match (**lexical**), or a window that means something similar "
-           "(**semantic**), and copies what followed it. Several matches can be merged into a "
-           "**token tree** that the target checks in one forward pass. Pick a round to see its "
-           "matches, the draft and what the target kept.")
-
-cfg, cfg_error = ui.current_config()
-ui.show_config_error(cfg_error)
+cfg = ui.page_start(
+    "AdaPLD: where drafts come from",
+    "AdaPLD drafts by looking the end of the text up in the prompt and what was generated so "
+    "far: an exact n-gram match (**lexical**), or a window that means something similar "
+    "(**semantic**), and copies what followed it. Several matches can be merged into a **token "
+    "tree** that the target checks in one forward pass. Pick a round to see its matches, the "
+    "draft and what the target kept.")
 
 
 # ---------------------------------------------------------------- settings of the runs
@@ -96,18 +95,8 @@ if request and cfg is not None and not settings_error(request):
 
 # ---------------------------------------------------------------- which run to show
 with st.expander("Open a saved trace here", expanded=False):
-    up = st.file_uploader("Trace file (JSON)", type=["json"], key="ada_upload")
-    if up is not None and ss.get("ada_upload_id") != up.file_id:
-        ss["ada_upload_id"] = up.file_id
-        try:
-            ss["uploaded_trace"] = appstate.load_trace_bytes(up.getvalue())
-            ss["uploaded_name"] = up.name
-            ss["ada_source"] = "upload"
-            ss.pop("ada_upload_error", None)
-        except SpecvizError as exc:
-            ss["ada_upload_error"] = f"Cannot open {up.name}: {exc}"
-    if ss.get("ada_upload_error"):
-        st.error(ss["ada_upload_error"])
+    ui.trace_upload("ada_upload", id_key="ada_upload_id", error_key="ada_upload_error",
+                    on_load={"ada_source": "upload"})
 
 traces = {}
 dec = ss.get("dec_trace")
@@ -253,7 +242,7 @@ if trace is not None:
             "first token accepted", format="%.2f",
             help="Share of this source's drafted rounds whose first token was accepted"),
         "tau": st.column_config.NumberColumn("tau", format="%.2f",
-                                             help="Mean (accepted + 1) over its rounds"),
+                                             help=METRIC_HELP["tau"] + ", over its rounds"),
         "tree_rounds": "tree rounds",
     })
 
@@ -281,47 +270,21 @@ if st.button("Run the ablation", key="ada_abl_run", icon=":material/science:"):
                 st.error(e)
         else:
             target = ui.load_target(cfg.model)
-            if target is not None:
-                total = len(chosen) + 1
-                prog = st.progress(0.0, text=f"0 / {total} runs")
-
-                def on_progress(frac: float, text: str) -> None:
-                    prog.progress(min(max(frac, 0.0), 1.0), text=text)
-
-                prompt = appstate.ComparePrompt(cfg.prompt_id or "sidebar", "sidebar prompt",
-                                                cfg.prompt)
-                try:
-                    runs = [r for _, _, r in appstate.compare_runs(
-                        target, chosen, [prompt], cfg.settings,
-                        {m: variant_params(m) for m in chosen}, progress=on_progress)]
-                    ss["ada_abl_runs"] = runs
-                    s = cfg.settings
-                    ss["ada_abl_about"] = (
-                        f"prompt *{cfg.prompt_id or 'sidebar (edited)'}* · "
-                        f"model *{target.name}* · "
-                        + ("greedy" if s.greedy else f"sampling T={s.temperature:g}, "
-                           f"top-p={s.top_p:g}, seed {s.seed}")
-                        + f" · up to {s.max_new_tokens} new tokens")
-                except SpecvizError as exc:
-                    st.error(str(exc))
-                prog.empty()
+            prompt = appstate.ComparePrompt(cfg.prompt_id or "sidebar", "sidebar prompt",
+                                            cfg.prompt)
+            runs = None if target is None else ui.run_vs_ar(
+                target, chosen, [prompt], cfg.settings, {m: variant_params(m) for m in chosen})
+            if runs is not None:
+                ss["ada_abl_runs"] = runs
+                ss["ada_abl_about"] = (f"prompt *{cfg.prompt_id or 'sidebar (edited)'}* · "
+                                       f"model *{target.name}* · "
+                                       + ui.decoding_text(cfg.settings))
 
 runs = ss.get("ada_abl_runs")
 if runs:
     table = va.ablation_table(runs)
     if ss.get("ada_abl_about"):
         st.caption("Ran on " + ss["ada_abl_about"])
-    st.dataframe(table, hide_index=True, width="stretch", column_config={
-        "tau": st.column_config.NumberColumn("tau", format="%.2f",
-                                             help="Mean (accepted + 1) per round"),
-        "target_forwards": st.column_config.NumberColumn("target forwards"),
-        "wall_s": st.column_config.NumberColumn("wall time (s)", format="%.2f",
-                                                help="Prefill + decoding"),
-        "speedup_vs_ar": st.column_config.NumberColumn("speedup vs AR", format="%.2f×",
-                                                       help="AR wall time ÷ this wall time"),
-        "identical_to_ar": st.column_config.CheckboxColumn(
-            "identical to AR", help="Greedy mode: the output equals plain decoding token for "
-                                    "token (empty in sampling mode)"),
-    })
+    st.dataframe(table, hide_index=True, width="stretch", column_config=ui.compare_columns())
     st.plotly_chart(viz.fig_compare(table), width="stretch", config=ui.PLOTLY_CONFIG,
                     key="ada_fig_ablation")

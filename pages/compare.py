@@ -7,17 +7,14 @@ import streamlit as st
 from pages import ui
 from specviz import appstate, viz
 from specviz.drafters import METHODS
-from specviz.errors import SpecvizError
 
 ss = st.session_state
 
-st.markdown("## Compare methods")
-st.caption("Every method runs to the end on the same prompt(s) with the sidebar's model and "
-           "decoding settings. Plain autoregressive decoding (**AR**) always runs too, on the "
-           "same prompts in the same session, so the speedup is measured, not estimated.")
-
-cfg, cfg_error = ui.current_config()
-ui.show_config_error(cfg_error)
+cfg = ui.page_start(
+    "Compare methods",
+    "Every method runs to the end on the same prompt(s) with the sidebar's model and decoding "
+    "settings. Plain autoregressive decoding (**AR**) always runs too, on the same prompts in "
+    "the same session, so the speedup is measured, not estimated.")
 
 choices = [m for m in METHODS if m != "ar"]
 ss.setdefault("cmp_methods", [cfg.method] if cfg and cfg.method in choices else choices[:2])
@@ -26,7 +23,8 @@ by_cat = appstate.examples_by_category(examples)
 
 c = st.columns([2, 2, 1])
 methods = c[0].multiselect("Methods (AR runs as the baseline anyway)", choices, key="cmp_methods",
-                           format_func=lambda m: f"{m.upper()} — {METHODS[m]}")
+                           format_func=lambda m: f"{METHODS[m].display} — "
+                                                 f"{METHODS[m].description}")
 prompt_set = c[1].radio("Prompts", ["The sidebar's prompt", "A small example set"],
                         key="cmp_set", horizontal=True)
 per_cat = 1
@@ -55,32 +53,17 @@ if run:
         st.error("Choose at least one category of example prompts.")
     else:
         target = ui.load_target(cfg.model)
-        if target is not None:
-            params = {cfg.method: cfg.params}
-            total = (len(methods) + 1) * len(prompts)
-            prog = st.progress(0.0, text=f"0 / {total} runs")
-
-            def on_progress(frac: float, text: str) -> None:
-                prog.progress(min(max(frac, 0.0), 1.0), text=text)
-
-            runs = []
-            try:
-                for _done, _total, r in appstate.compare_runs(
-                        target, methods, prompts, cfg.settings, params, progress=on_progress):
-                    runs.append(r)
-                ss["cmp_runs"] = runs
-                ss["cmp_greedy"] = cfg.settings.greedy
-                s = cfg.settings
-                ss["cmp_about"] = (
-                    f"{len(prompts)} prompt(s) · model *{target.name}* · "
-                    + ("greedy" if s.greedy else f"sampling T={s.temperature:g}, "
-                       f"top-p={s.top_p:g}, seed {s.seed}")
-                    + f" · up to {s.max_new_tokens} new tokens · "
-                    + ", ".join(f"{m.upper()} {cfg.params}" if m == cfg.method and cfg.params
-                                else m.upper() for m in methods))
-            except SpecvizError as exc:
-                st.error(str(exc))
-            prog.empty()
+        runs = None if target is None else ui.run_vs_ar(
+            target, methods, prompts, cfg.settings, {cfg.method: cfg.params})
+        if runs is not None:
+            ss["cmp_verdict"] = viz.compare_verdict(runs, target)  # near-ties checked
+            ss["cmp_runs"] = runs
+            ss["cmp_greedy"] = cfg.settings.greedy
+            ss["cmp_about"] = (
+                f"{len(prompts)} prompt(s) · model *{target.name}* · "
+                + ui.decoding_text(cfg.settings) + " · "
+                + ", ".join(f"{m.upper()} {cfg.params}" if m == cfg.method and cfg.params
+                            else m.upper() for m in methods))
 
 runs = ss.get("cmp_runs")
 if runs:
@@ -89,28 +72,10 @@ if runs:
     st.markdown("##### Side by side")
     if ss.get("cmp_about"):
         st.caption("Ran on " + ss["cmp_about"])
-    st.dataframe(summary, hide_index=True, width="stretch", column_config={
-        "tau": st.column_config.NumberColumn("tau", format="%.2f",
-                                             help="Mean (accepted + 1) per round"),
-        "wall_s": st.column_config.NumberColumn("wall time (s)", format="%.2f",
-                                                help="Prefill + decoding, all prompts"),
-        "speedup_vs_ar": st.column_config.NumberColumn("speedup vs AR", format="%.2f×",
-                                                       help="AR wall time ÷ this wall time"),
-        "identical_to_ar": st.column_config.CheckboxColumn(
-            "identical to AR", help="Greedy mode: the output equals plain decoding token "
-                                    "for token on every prompt (empty in sampling mode)"),
-    })
-    if ss.get("cmp_greedy"):
-        bad = per[(per.method != "ar") & (per.identical_to_ar == False)]  # noqa: E712
-        if bad.empty:
-            st.success("Greedy mode: every method produced exactly the same tokens as plain "
-                       "decoding (speculative decoding is lossless).")
-        else:
-            st.warning(f"{len(bad)} run(s) differ from plain decoding. In float arithmetic a "
-                       "verify pass over several tokens can break near-ties differently from a "
-                       "one-token step; see the per-prompt table.")
-    else:
-        st.info("Sampling mode: outputs are random draws, so they are not compared with AR.")
+    st.dataframe(summary, hide_index=True, width="stretch",
+                 column_config=ui.compare_columns("Prefill + decoding, all prompts"))
+    verdict = ss.get("cmp_verdict") or viz.compare_verdict(runs)
+    getattr(st, verdict.level)(verdict.message)
     st.plotly_chart(viz.fig_compare(summary), width="stretch", config=ui.PLOTLY_CONFIG,
                     key="cmp_fig")
     st.markdown("##### Per prompt")

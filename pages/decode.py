@@ -11,13 +11,11 @@ from specviz.errors import SpecvizError
 
 ss = st.session_state
 
-st.markdown("## Speculative decoding, step by step")
-st.caption("Each **Next round** runs one real round: the drafter proposes tokens, the target "
-           "checks all of them in ONE forward pass, keeps the longest agreeing prefix and adds "
-           "one token of its own. Fewer target passes per token is where the speedup comes from.")
-
-cfg, cfg_error = ui.current_config()
-ui.show_config_error(cfg_error)
+cfg = ui.page_start(
+    "Speculative decoding, step by step",
+    "Each **Next round** runs one real round: the drafter proposes tokens, the target checks all "
+    "of them in ONE forward pass, keeps the longest agreeing prefix and adds one token of its "
+    "own. Fewer target passes per token is where the speedup comes from.")
 
 bar = st.columns([1.1, 1.1, 0.9, 4.9], vertical_alignment="center")
 next_clicked = bar[0].button("Next round", key="next", type="primary", width="stretch",

@@ -4,8 +4,6 @@ from __future__ import annotations
 import streamlit as st
 
 from pages import ui
-from specviz import appstate
-from specviz.errors import SpecvizError
 
 ss = st.session_state
 
@@ -13,20 +11,8 @@ st.markdown("## Open a saved trace")
 st.caption("Upload a trace downloaded from the Decode page (or written by "
            "`python -m specviz run`). It is shown exactly like a live run; no model is loaded.")
 
-up = st.file_uploader("Trace file (JSON)", type=["json"], key="upload")
-if up is not None and ss.get("uploaded_file_id") != up.file_id:
-    ss["uploaded_file_id"] = up.file_id
-    try:
-        ss["uploaded_trace"] = appstate.load_trace_bytes(up.getvalue())
-        ss["uploaded_name"] = up.name
-        ss.pop("upload_error", None)
-        ss.pop("up_scrub", None)
-    except SpecvizError as exc:
-        ss.pop("uploaded_trace", None)
-        ss["upload_error"] = f"Cannot open {up.name}: {exc}"
-
-if ss.get("upload_error"):
-    st.error(ss["upload_error"])
+ui.trace_upload("upload", id_key="uploaded_file_id", error_key="upload_error",
+                reset=("up_scrub",), drop_on_error=True)
 
 trace = ss.get("uploaded_trace")
 if trace is not None:

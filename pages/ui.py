@@ -3,11 +3,10 @@ trace explorer (tokens, metrics, round table, charts, downloads) that renders an
 run or an uploaded file — in the same way. The numbers and figures come from specviz.viz."""
 from __future__ import annotations
 
-import html
-
 import streamlit as st
 
 from specviz import appstate, viz
+from specviz.analysis.metrics import METRIC_HELP
 from specviz.errors import SpecvizError
 from specviz.trace import Trace
 
@@ -61,6 +60,83 @@ def show_config_error(err: str | None) -> None:
         st.error(f"Settings: {err}. Fix it in the sidebar.")
 
 
+def page_start(title: str, caption: str) -> appstate.AppConfig | None:
+    """A page's title and caption; returns the sidebar's settings (None, with a red message
+    saying why, when they are invalid)."""
+    st.markdown(f"## {title}")
+    st.caption(caption)
+    cfg, err = current_config()
+    show_config_error(err)
+    return cfg
+
+
+def decoding_text(s) -> str:
+    """The decoding settings of a run in words (greedy, or sampling T / top-p / seed)."""
+    return (("greedy" if s.greedy else f"sampling T={s.temperature:g}, top-p={s.top_p:g}, "
+             f"seed {s.seed}") + f" · up to {s.max_new_tokens} new tokens")
+
+
+def run_vs_ar(target, methods: list[str], prompts: list, settings,
+              params: dict[str, dict]) -> list[viz.CompareRun] | None:
+    """AR and ``methods`` run to the end on ``prompts`` (interleaved, appstate.compare_runs)
+    under a progress bar; None, with a red message, when a run fails."""
+    total = (len(methods) + 1) * len(prompts)
+    prog = st.progress(0.0, text=f"0 / {total} runs")
+
+    def on_progress(frac: float, text: str) -> None:
+        prog.progress(min(max(frac, 0.0), 1.0), text=text)
+
+    try:
+        return [r for _, _, r in appstate.compare_runs(target, methods, prompts, settings,
+                                                       params, progress=on_progress)]
+    except SpecvizError as exc:
+        st.error(str(exc))
+        return None
+    finally:
+        prog.empty()
+
+
+def compare_columns(wall_help: str = "Prefill + decoding") -> dict:
+    """Column settings of a table of runs vs AR (Compare page, AdaPLD ablation): the metrics
+    with their one definition (specviz.analysis.metrics)."""
+    num = st.column_config.NumberColumn
+    return {
+        "tau": num("tau", format="%.2f", help=METRIC_HELP["tau"]),
+        "target_forwards": num("target forwards", help=METRIC_HELP["target_forwards"]),
+        "wall_s": num("wall time (s)", format="%.2f", help=wall_help),
+        "speedup_vs_ar": num("speedup vs AR", format="%.2f×", help=METRIC_HELP["speedup_vs_ar"]),
+        "identical_to_ar": st.column_config.CheckboxColumn(
+            "identical to AR", help=METRIC_HELP["identical_to_ar"]),
+    }
+
+
+# ---------------------------------------------------------------- trace upload
+def trace_upload(key: str, id_key: str, error_key: str, on_load: dict | None = None,
+                 reset: tuple[str, ...] = (), drop_on_error: bool = False) -> None:
+    """A trace-file uploader shared by the pages. A newly chosen file is read once into
+    ``session_state["uploaded_trace"]`` (its name in ``"uploaded_name"``); on success the
+    ``on_load`` values are set and ``error_key`` and the ``reset`` keys dropped; a bad file's
+    message goes to ``session_state[error_key]`` (``drop_on_error``: the previous trace is
+    dropped too) and is shown below the uploader. ``id_key`` remembers the file read last."""
+    ss = st.session_state
+    up = st.file_uploader("Trace file (JSON)", type=["json"], key=key)
+    if up is not None and ss.get(id_key) != up.file_id:
+        ss[id_key] = up.file_id
+        try:
+            ss["uploaded_trace"] = appstate.load_trace_bytes(up.getvalue())
+            ss["uploaded_name"] = up.name
+            for k, v in (on_load or {}).items():
+                ss[k] = v
+            for k in (error_key, *reset):
+                ss.pop(k, None)
+        except SpecvizError as exc:
+            if drop_on_error:
+                ss.pop("uploaded_trace", None)
+            ss[error_key] = f"Cannot open {up.name}: {exc}"
+    if ss.get(error_key):
+        st.error(ss[error_key])
+
+
 # ---------------------------------------------------------------- trace explorer
 def _fmt(x, spec: str, none: str = "—") -> str:
     return none if x is None else format(x, spec)
@@ -70,11 +146,10 @@ def metrics_row(trace: Trace) -> None:
     m = viz.live_metrics(trace)
     c = st.columns(5)
     c[0].metric("tau (tokens / round)", f"{m['tau']:.2f}" if m["rounds"] else "—",
-                help="Mean acceptance length so far: mean over rounds of (accepted + 1). "
-                     "Plain decoding has tau = 1.")
+                help=METRIC_HELP["tau"] + " (so far).")
     c[1].metric("Target forward passes", m["target_forwards"],
-                help="One target forward per round (the prompt's prefill is not counted). "
-                     "Plain decoding needs one per generated token.")
+                help=METRIC_HELP["target_forwards"] + ". Plain decoding needs one per "
+                     "generated token.")
     c[2].metric("Generated tokens", m["new_tokens"],
                 help=f"Drafted {m['drafted']} tokens, accepted {m['accepted']}.")
     c[3].metric("Tokens / s", f"{m['tokens_per_s']:.1f}" if m["rounds"] else "—",
@@ -83,36 +158,6 @@ def metrics_row(trace: Trace) -> None:
     c[4].metric("Speedup (estimate)", _fmt(m["speedup_est"], ".2f") + ("×" if m["speedup_est"]
                                                                        else ""),
                 help=m["speedup_explain"])
-
-
-def round_detail_html(trace: Trace, i: int) -> str:
-    """One sentence about round i: what was drafted, accepted and what the target said."""
-    if not (0 <= i < len(trace.rounds)):
-        return ""
-    r = trace.rounds[i]
-    texts = trace.token_texts
-    esc = lambda ids: html.escape(viz.join_tokens(ids, texts))  # noqa: E731
-    kind = viz.round_kind(r)
-    parts = [f"<b>Round {r.index + 1}</b> · {html.escape(r.drafter)}"]
-    info = viz.describe_extras(r)
-    if not r.draft:
-        parts.append("no draft" + (f" ({html.escape(info)})" if info else "")
-                     + " → the target generated one token itself: "
-                     f"<code>{esc([r.target_token])}</code>")
-    else:
-        parts.append(f"drafted {len(r.draft)} token(s)" + (f" ({html.escape(info)})" if info
-                                                           else ""))
-        parts.append(f"accepted <b>{r.accepted}</b>"
-                     + (f": <code>{esc(r.committed[:r.accepted])}</code>" if r.accepted else ""))
-        if r.rejected_suffix:
-            parts.append(f"rejected {len(r.rejected_suffix)}: <s>{esc(r.rejected_suffix)}</s>")
-        if r.target_token >= 0:
-            label = "bonus" if kind == "bonus" else "correction"
-            parts.append(f"target's {label} token: <code>{esc([r.target_token])}</code>")
-    parts.append(f"{(r.t_draft + r.t_verify) * 1000:.0f} ms")
-    return ('<div style="font-size:0.9rem;color:#1e293b;background:#f8fafc;border:1px solid '
-            '#e2e8f0;border-radius:0.5rem;padding:0.45rem 0.7rem;margin:0.3rem 0 0.6rem 0;">'
-            + " · ".join(parts) + "</div>")
 
 
 def prompt_text(trace: Trace) -> str:
@@ -166,7 +211,7 @@ def trace_view(trace: Trace, prefix: str, downloads: bool = True) -> None:
     st.html(viz.tokens_html(view, rejected=mode, selected_round=sel - 1 if sel else None,
                             include_css=False))
     if sel:
-        st.html(round_detail_html(view, sel - 1))
+        st.html(viz.round_summary_html(view, sel - 1))
     with st.expander(f"Prompt ({len(trace.prompt_ids)} tokens)"):
         st.text(prompt_text(trace))
 

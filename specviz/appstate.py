@@ -2,7 +2,7 @@
 
 * example prompts (``examples/prompts.jsonl``),
 * the sidebar's choices as one validated :class:`AppConfig`,
-* method parameters discovered from the drafter classes (so new methods get widgets for free),
+* the sidebar's method settings, from the method registry (:mod:`specviz.drafters`),
 * a thread-safe target cache (the app keeps ONE of these in ``st.cache_resource``; loading runs
   outside streamlit's cache so the first load can report progress),
 * reading an uploaded trace, and the Compare page's runner.
@@ -10,13 +10,13 @@
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from .drafters.registry import ParamSpec
 from .engine import DecodeSettings, Session
 from .errors import SettingsError, SpecvizError, TraceError
 from .trace import Trace
@@ -67,83 +67,13 @@ def example_by_id(examples: list[dict], example_id: str) -> dict | None:
 
 
 # ---------------------------------------------------------------- method parameters
-@dataclass
-class ParamSpec:
-    name: str
-    default: Any
-    kind: str          # int | float | bool | str
-    label: str
-    help: str = ""
-
-
-PARAM_HELP = {
-    "max_matching_ngram_size": ("longest n-gram to match", "PLD looks for the last n tokens "
-                                "(n from this value down to 1) earlier in prompt + output."),
-    "num_output_tokens": ("draft length", "How many tokens after the match are copied as the "
-                          "draft (the most a round can accept)."),
-    "checkpoint": ("drafter checkpoint", "A DFlash drafter folder or hub id (config.json + "
-                   "model.safetensors). Empty = the drafter this project trained for the "
-                   "embedded SmolLM2-135M-Instruct."),
-    "block_size": ("block size", "Slots per block (anchor + masks); 0 = the checkpoint's own. "
-                   "Smaller blocks draft fewer tokens per round."),
-    "draft_temperature": ("draft temperature", "0 = argmax drafts; > 0 samples each slot "
-                          "(still lossless: the target verifies with rejection sampling)."),
-}
-
-
-def _drafter_classes() -> dict[str, type]:
-    from . import drafters
-
-    out = {}
-    for obj in vars(drafters).values():
-        if inspect.isclass(obj) and issubclass(obj, drafters.Drafter) and obj is not drafters.Drafter:
-            out.setdefault(getattr(obj, "name", ""), obj)
-    return out
-
-
 def method_param_specs(method: str) -> list[ParamSpec]:
-    """Widgets for a method's parameters: ``specviz.drafters.METHOD_PARAMS[method]`` if the
-    library declares it, else the drafter class's keyword arguments with simple defaults."""
-    from . import drafters
+    """The sidebar's widgets for ``method``: its registry settings but the advanced ones
+    (:mod:`specviz.drafters.registry`); [] for an unknown method."""
+    from .drafters import METHODS
 
-    declared = getattr(drafters, "METHOD_PARAMS", None)
-    if isinstance(declared, dict) and method in declared:
-        specs = []
-        for name, default in dict(declared[method]).items():
-            kind = _kind_of(default)
-            if kind:
-                label, hlp = PARAM_HELP.get(name, (name.replace("_", " "), ""))
-                specs.append(ParamSpec(name, default, kind, label, hlp))
-        return specs
-    cls = _drafter_classes().get(method)
-    if cls is None:
-        return []
-    specs = []
-    try:
-        sig = inspect.signature(cls.__init__)
-    except (TypeError, ValueError):
-        return []
-    for name, prm in sig.parameters.items():
-        if name == "self" or prm.default is inspect.Parameter.empty:
-            continue
-        kind = _kind_of(prm.default)
-        if kind is None:
-            continue
-        label, hlp = PARAM_HELP.get(name, (name.replace("_", " "), ""))
-        specs.append(ParamSpec(name, prm.default, kind, label, hlp))
-    return specs
-
-
-def _kind_of(v) -> str | None:
-    if isinstance(v, bool):
-        return "bool"
-    if isinstance(v, int):
-        return "int"
-    if isinstance(v, float):
-        return "float"
-    if isinstance(v, str):
-        return "str"
-    return None
+    spec = METHODS.get(method)
+    return spec.sidebar_params() if spec is not None else []
 
 
 # ---------------------------------------------------------------- the sidebar's choices
@@ -167,14 +97,13 @@ def build_config(model: str, method: str, params: dict[str, Any], sampling: bool
                  temperature: Any, top_p: Any, max_new_tokens: Any, seed: Any,
                  chat_template: bool, prompt: str, prompt_id: str | None = None) -> AppConfig:
     """Validate the sidebar's raw values; raises :class:`SettingsError` with a clear message."""
-    from .drafters import METHODS
+    from .drafters import method_spec
 
     model = (model or "").strip()
     if not model:
         raise SettingsError("enter a model: a Hugging Face id or a local folder "
                             "(or pick the embedded default)")
-    if method not in METHODS:
-        raise SettingsError(f"unknown method '{method}' (choose from: {', '.join(METHODS)})")
+    params = method_spec(method).check(params)
     try:
         mnt = _as_int(max_new_tokens, "max new tokens")
         sd = _as_int(seed, "seed")

@@ -2,9 +2,9 @@
 
 Every method runs on the same prompts in one process, interleaved prompt by prompt with the
 plain autoregressive baseline (AR), so the speedup is measured in the same run on the same
-machine state. Per method and category: tau (mean accepted length, incl. the target's token),
-target forward passes, tokens/s, wall-clock speedup vs AR, and (greedy) whether the output
-equals AR's token for token.
+machine state. Per method and category (definitions: :mod:`specviz.analysis.metrics`): tau
+(committed tokens per round), target forward passes, tokens/s, wall-clock speedup vs AR, and
+(greedy) whether the output equals AR's token for token.
 """
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from .analysis import metrics
+from .analysis.lossless import LosslessReport
 from .errors import SpecvizError
 
 
@@ -112,6 +114,16 @@ class BenchRow:
     near_tie: bool | None = None
 
 
+def bench_row(item: PromptItem, method: str, rounds: list, output_ids: list[int],
+              wall_s: float) -> BenchRow:
+    """The row of one (prompt, method) run from its rounds and generated tokens."""
+    return BenchRow(prompt_id=item.id, category=item.category, method=method,
+                    rounds=metrics.target_forwards(rounds), new_tokens=len(output_ids),
+                    accepted=sum(r.accepted for r in rounds),
+                    tau=metrics.tau(len(output_ids), len(rounds)),
+                    wall_s=wall_s, decode_s=sum(r.t_draft + r.t_verify for r in rounds))
+
+
 @dataclass
 class BenchResult:
     rows: list[BenchRow] = field(default_factory=list)
@@ -132,22 +144,15 @@ class BenchResult:
                 rs = groups.get((m, cat))
                 if not rs:
                     continue
-                rounds = sum(r.rounds for r in rs)
-                toks = sum(r.new_tokens for r in rs)
-                wall = sum(r.wall_s for r in rs)
-                dec = sum(r.decode_s for r in rs)
-                ident = [r.identical_to_ar for r in rs if r.identical_to_ar is not None]
-                out.append({
-                    "method": m, "category": cat, "prompts": len(rs),
-                    "tau": round(toks / rounds, 3) if rounds else 0.0,
-                    "target_forwards": rounds,
-                    "new_tokens": toks,
-                    "wall_s": round(wall, 2),
-                    "tokens_per_s": round(toks / dec, 2) if dec else 0.0,
-                    "speedup_vs_ar": round(ar_wall[cat] / wall, 3) if cat in ar_wall and wall else None,
-                    "identical_to_ar": f"{sum(ident)}/{len(ident)}" if ident else "",
-                })
+                out.append(_table_row(m, cat, rs, ar_wall.get(cat)))
         return out
+
+    def verdict(self) -> metrics.LosslessVerdict:
+        """Lossless verdict over every non-AR run (greedy; near-ties as checked by run_bench)."""
+        greedy = float((self.meta.get("settings") or {}).get("temperature", 0.0) or 0.0) == 0
+        return metrics.lossless_verdict(
+            (LosslessReport(r.identical_to_ar, near_tie=bool(r.near_tie))
+             for r in self.rows if r.identical_to_ar is not None), greedy=greedy)
 
     def save(self, out_dir: str | Path) -> dict[str, Path]:
         out = Path(out_dir)
@@ -160,6 +165,26 @@ class BenchResult:
         paths["json"].write_text(json.dumps({"meta": self.meta, "table": table,
                                              "rows": [asdict(r) for r in self.rows]}, indent=1))
         return paths
+
+
+def _table_row(method: str, category: str, rs: list[BenchRow], ar_wall: float | None) -> dict:
+    """One aggregate row of :meth:`BenchResult.table` (metrics: specviz.analysis.metrics)."""
+    toks = sum(r.new_tokens for r in rs)
+    forwards = sum(r.rounds for r in rs)
+    wall = sum(r.wall_s for r in rs)
+    tps = metrics.tokens_per_s(toks, sum(r.decode_s for r in rs))
+    speed = metrics.speedup(ar_wall, wall)
+    verdict = metrics.lossless_verdict(r.identical_to_ar for r in rs)
+    return {
+        "method": method, "category": category, "prompts": len(rs),
+        "tau": round(metrics.tau(toks, forwards), 3),
+        "target_forwards": forwards,
+        "new_tokens": toks,
+        "wall_s": round(wall, 2),
+        "tokens_per_s": round(tps, 2) if tps is not None else 0.0,
+        "speedup_vs_ar": round(speed, 3) if speed is not None else None,
+        "identical_to_ar": verdict.count,
+    }
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
@@ -183,6 +208,23 @@ def format_table(table: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def check_methods(methods: list[str], method_params: dict | None = None) -> dict[str, dict]:
+    """Fail fast, before any model is loaded: every method (and every method given settings)
+    is registered and the settings of those that run are valid. Returns the run methods'
+    settings, typed by the registry."""
+    from .drafters import method_spec
+    from .errors import SettingsError
+
+    method_params = method_params or {}
+    if not isinstance(method_params, dict) or \
+            not all(isinstance(v, dict) for v in method_params.values()):
+        raise SettingsError("method settings must map each method to its settings, like "
+                           "{\"pld\": {\"num_output_tokens\": 5}}")
+    for m in method_params:
+        method_spec(m)
+    return {m: method_spec(m).check(method_params.get(m, {})) for m in dict.fromkeys(methods)}
+
+
 def iter_side_by_side(target, methods: list[str], prompts: list[PromptItem], settings,
                       method_params: dict[str, dict] | None = None, baseline: str = "ar",
                       on_tokens: Callable[[int, int, str, PromptItem, int], None] | None = None):
@@ -194,8 +236,8 @@ def iter_side_by_side(target, methods: list[str], prompts: list[PromptItem], set
 
     order = [baseline] + [m for m in dict.fromkeys(m.strip().lower() for m in methods)
                           if m and m != baseline]
-    method_params = method_params or {}
-    for m in order:  # fail fast on unknown methods / bad params before any decoding
+    method_params = check_methods(order, method_params)
+    for m in order:  # fail fast on what only a built drafter checks (checkpoints, cross-checks)
         make_drafter(m, target, **method_params.get(m, {}))
     done = 0
     for item in prompts:
@@ -218,7 +260,7 @@ def run_bench(target, methods: list[str], prompts: list[PromptItem], settings,
               progress: Callable[[int, int, str], None] | None = None,
               check_near_ties: bool = True) -> BenchResult:
     """Run AR plus every method on every prompt (interleaved), returning per-prompt rows."""
-    from .analysis.stats import compare_outputs
+    from .analysis.lossless import compare_outputs
 
     order = ["ar"] + [m for m in dict.fromkeys(m.strip().lower() for m in methods) if m and m != "ar"]
     result = BenchResult(meta={"model": target.name, "methods": order,
@@ -228,11 +270,7 @@ def run_bench(target, methods: list[str], prompts: list[PromptItem], settings,
     ar_ids = None
     for item, m, sess, wall in iter_side_by_side(target, order, prompts, settings, method_params):
         out_ids = sess.generated
-        row = BenchRow(prompt_id=item.id, category=item.category, method=m,
-                       rounds=len(sess.rounds), new_tokens=len(out_ids),
-                       accepted=sum(r.accepted for r in sess.rounds),
-                       tau=(len(out_ids) / len(sess.rounds)) if sess.rounds else 0.0,
-                       wall_s=wall, decode_s=sum(r.t_draft + r.t_verify for r in sess.rounds))
+        row = bench_row(item, m, sess.rounds, out_ids, wall)
         if m == "ar":
             ar_ids = out_ids
         elif settings.greedy:

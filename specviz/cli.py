@@ -19,18 +19,12 @@ GREEN, YELLOW, CYAN, RED, DIM, STRIKE, BOLD, RESET = (
     "\x1b[32m", "\x1b[33m", "\x1b[36m", "\x1b[31m", "\x1b[2m", "\x1b[9m", "\x1b[1m", "\x1b[0m")
 
 
-def _parse_params(pairs: list[str] | None) -> dict:
-    """``--param key=value`` pairs → dict (values parsed as JSON where possible)."""
-    out = {}
-    for pair in pairs or []:
-        if "=" not in pair:
-            raise SpecvizError(f"--param expects key=value, got '{pair}'")
-        k, v = pair.split("=", 1)
-        try:
-            out[k.strip()] = json.loads(v)
-        except json.JSONDecodeError:
-            out[k.strip()] = v
-    return out
+def parse_params(method: str, pairs: list[str] | None) -> dict:
+    """``--param key=value`` pairs of ``method`` → its settings, each typed by the method's
+    registry entry (an unknown key lists the valid ones)."""
+    from .drafters import method_spec
+
+    return method_spec(method).parse(pairs)
 
 
 def render_terminal(trace, color: bool = True, show_rejected: bool = True) -> str:
@@ -46,8 +40,10 @@ def render_terminal(trace, color: bool = True, show_rejected: bool = True) -> st
 
 
 def _print_summary(trace, file=sys.stdout) -> None:
+    """One line of headline numbers: :meth:`Trace.summary` (specviz.analysis.metrics)."""
     s = trace.summary()
-    print(f"\nmethod={s['method']}  tau={s['tau']:.2f}  rounds(target forwards)={s['rounds']}  "
+    print(f"\nmethod={s['method']}  tau={s['tau']:.2f} (tokens/round)  "
+          f"target forwards={s['target_forwards']}  "
           f"new tokens={s['new_tokens']}  decode {s['decode_time_s']:.2f}s  "
           f"({s['tokens_per_s']:.1f} tok/s)  stop={trace.meta.get('stop_reason')}", file=file)
 
@@ -78,8 +74,9 @@ def cmd_run(args) -> int:
                               chat_template=False if args.no_chat_template else None).validate()
     if not prompt.strip():
         raise SpecvizError("the prompt is empty")
+    params = parse_params(args.method, args.param)
     target = load_target(args.model, device=args.device)
-    drafter = make_drafter(args.method, target, **_parse_params(args.param))
+    drafter = make_drafter(args.method, target, **params)
     sess = Session(target, drafter, prompt, settings, method=args.method)
     trace = sess.run()
     color = sys.stdout.isatty() and not args.no_color and not os.environ.get("NO_COLOR") \
@@ -105,7 +102,7 @@ def cmd_show(args) -> int:
 def cmd_bench(args) -> int:
     from tqdm.auto import tqdm
 
-    from .bench import format_table, load_prompts, run_bench
+    from .bench import check_methods, format_table, load_prompts, run_bench
     from .engine import DecodeSettings
     from .models import load_target
 
@@ -119,10 +116,14 @@ def cmd_bench(args) -> int:
             d, limit = head, int(tail)
         prompts += load_prompts(d, limit=limit,
                                 categories=args.categories.split(",") if args.categories else None)
-    methods = [m for m in args.methods.split(",") if m.strip()]
-    params = json.loads(args.params) if args.params else {}
+    methods = [m.strip().lower() for m in args.methods.split(",") if m.strip()]
+    try:
+        params = json.loads(args.params) if args.params else {}
+    except json.JSONDecodeError as exc:
+        raise SpecvizError(f"--params is not valid JSON ({exc})") from None
     if not isinstance(params, dict):
         raise SpecvizError("--params must be a JSON object like '{\"pld\": {\"num_output_tokens\": 5}}'")
+    params = check_methods(methods, params)  # the registry's checks, before the model loads
     target = load_target(args.model, device=args.device)
     bar = tqdm(total=len(prompts) * len(set(methods) | {"ar"}), desc="bench", unit="run")
 
@@ -136,6 +137,7 @@ def cmd_bench(args) -> int:
     bar.close()
     paths = result.save(args.out)
     print(format_table(result.table()))
+    print(result.verdict().message)
     print("written: " + ", ".join(str(p) for p in paths.values()))
     return 0
 
@@ -219,12 +221,18 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--top-p", type=float, default=1.0)
         p.add_argument("--seed", type=int, default=0)
 
-    p = sub.add_parser("run", help="decode one prompt and show accepted/rejected tokens")
+    from .drafters import METHODS
+    from .drafters.docs import methods_text
+
+    p = sub.add_parser("run", help="decode one prompt and show accepted/rejected tokens",
+                       epilog=methods_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
     common(p)
-    p.add_argument("--method", default="pld")
+    p.add_argument("--method", default="pld", help=f"one of: {', '.join(METHODS)} (default pld)")
     p.add_argument("--prompt")
     p.add_argument("--prompt-file")
-    p.add_argument("--param", action="append", help="method setting key=value (repeatable)")
+    p.add_argument("--param", action="append",
+                   help="method setting key=value (repeatable; the method's settings are listed "
+                        "below)")
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--save", help="write the trace JSON here")
     p.add_argument("--color", action="store_true", help="force colours")
@@ -239,15 +247,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hide-rejected", action="store_true")
     p.set_defaults(func=cmd_show)
 
-    p = sub.add_parser("bench", help="run methods side by side with the AR baseline")
+    p = sub.add_parser("bench", help="run methods side by side with the AR baseline",
+                       epilog=methods_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
     common(p)
-    p.add_argument("--methods", default="ar,pld")
+    p.add_argument("--methods", default="ar,pld",
+                   help=f"comma-separated, from: {', '.join(METHODS)} (AR always runs)")
     p.add_argument("--data", action="append", required=True,
                    help="prompt file (Spec-Bench, GSM8K, MBPP, Alpaca jsonl, examples, or .txt); "
                    "FILE:N keeps N prompts per category of that file; repeatable")
     p.add_argument("--limit", type=int, default=None, help="first N prompts per category")
     p.add_argument("--categories", default=None, help="comma-separated categories to keep")
-    p.add_argument("--params", default=None, help="JSON: per-method settings")
+    p.add_argument("--params", default=None,
+                   help="JSON: per-method settings, e.g. '{\"pld\": {\"num_output_tokens\": 5}}'")
     p.add_argument("--out", default="bench-out")
     p.set_defaults(func=cmd_bench)
 

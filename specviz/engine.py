@@ -9,8 +9,6 @@ and crops the cache to the committed length (for a tree: gathers the accepted pa
 """
 from __future__ import annotations
 
-import functools
-import inspect
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable
@@ -19,12 +17,13 @@ import torch
 from transformers import DynamicCache
 
 from . import __version__
-from .drafters.base import Draft, DraftContext, Drafter, VerifyFeedback
+from .drafters.base import Draft, DraftContext, Drafter, VerifyFeedback, clip_draft
 from .errors import PromptError, SettingsError
+from .kvcache import cache_kwarg, cache_len, keep_rows
 from .models import Target
 from .trace import Round, Trace
 from .tree import TokenTree
-from .verify import greedy_chain, greedy_tree, sample_chain, sample_tree, warp_probs
+from .verify import Verdict, target_probs, verify
 
 MAX_PROMPT_CHARS = 200_000
 MAX_NEW_TOKENS_LIMIT = 8192
@@ -56,21 +55,6 @@ class DecodeSettings:
     @property
     def greedy(self) -> bool:
         return float(self.temperature) == 0.0
-
-
-@functools.lru_cache(maxsize=None)
-def _cache_kwarg_for(model_cls) -> str:
-    params = inspect.signature(model_cls.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def _cache_kwarg(model) -> str:
-    """transformers 5.x renamed ``past_key_values`` to ``cache``; use whichever forward takes."""
-    return _cache_kwarg_for(type(model))
-
-
-def _cache_len(cache) -> int:
-    return int(cache.get_seq_length()) if cache is not None else 0
 
 
 class Session:
@@ -130,7 +114,7 @@ class Session:
         if attention_mask is not None:
             kwargs["attention_mask"] = attention_mask.to(dev)
             kwargs["position_ids"] = position_ids.to(dev)
-        kwargs[_cache_kwarg(model)] = self.cache
+        kwargs[cache_kwarg(model)] = self.cache
         with self.target.lock, torch.inference_mode():
             return model(input_ids=inp, use_cache=True,
                          output_hidden_states=self._want_hidden, **kwargs)
@@ -141,128 +125,99 @@ class Session:
         left_context = self.target.max_context - len(self.tokens)
         return max(0, min(left_tokens, left_context))
 
-    @staticmethod
-    def _clip(draft: Draft, max_depth: int) -> Draft:
-        if draft.parents is None:
-            if len(draft.tokens) > max_depth:
-                draft.tokens = draft.tokens[:max_depth]
-                if draft.q is not None:
-                    draft.q = draft.q[:max_depth]
-                if draft.q_token is not None:
-                    draft.q_token = draft.q_token[:max_depth]
-            return draft
-        tree = TokenTree(list(draft.tokens), list(draft.parents))
-        keep = [i for i, d in enumerate(tree.depths) if d <= max_depth]
-        if len(keep) < len(tree):
-            remap = {old: new for new, old in enumerate(keep)}
-            draft.tokens = [tree.tokens[i] for i in keep]
-            draft.parents = [remap.get(tree.parents[i], -1) for i in keep]
-            if draft.q_token is not None:
-                draft.q_token = [draft.q_token[i] for i in keep]
-        return draft
+    def _stop_if_spent(self) -> bool:
+        """Finish the run when the token budget or the context window is used up."""
+        if self._budget() > 0:
+            return False
+        self._finish("max_new_tokens" if len(self.generated) >= self.settings.max_new_tokens
+                     else "context")
+        return True
 
     # ------------------------------------------------------------------ the round
     def step(self) -> Round | None:
-        """Run one speculative round; returns its Round, or None if the run is finished."""
-        if self.done:
+        """One speculative round, as in the paper: propose -> verify -> commit -> record.
+        Returns the Round, or None when the run is finished."""
+        if self.done or self._stop_if_spent():
             return None
         budget = self._budget()
-        if budget <= 0:
-            self._finish("max_new_tokens" if len(self.generated) >= self.settings.max_new_tokens
-                         else "context")
-            return None
-        greedy = self.settings.greedy
         t0 = time.perf_counter()
-        draft = self.drafter.propose(DraftContext(tokens=list(self.tokens),
-                                                  prompt_len=len(self.prompt_ids),
-                                                  max_draft=budget - 1,
-                                                  round_index=len(self.rounds)))
-        draft = self._clip(draft, budget - 1)
+        draft = self._propose(budget)
         t_draft = time.perf_counter() - t0
-
         t0 = time.perf_counter()
-        cache_len = _cache_len(self.cache)
-        tree = None
-        if draft.parents is not None and draft.tokens:
-            tree = TokenTree(list(draft.tokens), list(draft.parents))
-            if tree.is_chain:  # a single branch is verified as an ordinary chain
-                tree = None
-        ids = [self.tokens[-1]] + list(draft.tokens)
-        if tree is not None:
-            out = self._forward(ids, attention_mask=tree.attention_mask(cache_len),
-                                position_ids=tree.position_ids(cache_len))
-        else:
-            out = self._forward(ids)
-        logits = out.logits[0].float()
-        if greedy:
-            probs = torch.softmax(logits, dim=-1)
-        else:
-            probs = warp_probs(logits, self.settings.temperature, self.settings.top_p)
-
-        if tree is not None:
-            if greedy:
-                path, next_tok = greedy_tree(tree.tokens, tree.parents, logits)
-            else:
-                path, next_tok = sample_tree(tree.tokens, tree.parents, probs, self.generator)
-            accepted_tokens = [tree.tokens[i] for i in path]
-            rows = [0] + [i + 1 for i in path]
-            pred_rows = [p + 1 for p in tree.parents]  # row whose output predicts each node
-        else:
-            if greedy:
-                a, next_tok = greedy_chain(draft.tokens, logits)
-            else:
-                a, next_tok = sample_chain(draft.tokens, probs, draft.q, self.generator)
-            path = list(range(a))
-            accepted_tokens = list(draft.tokens[:a])
-            rows = list(range(a + 1))
-            pred_rows = list(range(len(draft.tokens)))
-
-        # commit, then drop the KV rows of rejected tokens (gather the path for a tree)
-        committed = accepted_tokens + [next_tok]
-        if tree is not None:
-            keep = torch.tensor(list(range(cache_len)) + [cache_len + r for r in rows])
-            for layer in self.cache.layers:
-                idx = keep.to(layer.keys.device)
-                layer.keys = layer.keys.index_select(-2, idx)
-                layer.values = layer.values.index_select(-2, idx)
-        else:
-            drop = len(draft.tokens) - len(accepted_tokens)
-            if drop:
-                self.cache.crop(-drop)
-        stop = None
-        for j, t in enumerate(committed):
-            if t in self.eos:
-                committed = committed[:j + 1]
-                stop = "eos"
-                break
-        committed = committed[:budget]  # never past max_new_tokens / the context window
-        n_acc = min(len(accepted_tokens), len(committed))  # an accepted EOS ends the round early
-        self.tokens.extend(committed)
+        tree, out, probs, verdict = self._verify(draft)
+        committed, n_acc, stop = self._commit(tree, verdict, budget)
         t_verify = time.perf_counter() - t0
-
-        argmax = logits.argmax(-1)
-        argmax_prob = probs.gather(-1, argmax.unsqueeze(-1)).squeeze(-1)
-        p_draft = [float(probs[r, t]) for r, t in zip(pred_rows, draft.tokens)]
-        rnd = Round(
-            index=len(self.rounds), start=len(self.tokens) - len(committed),
-            drafter=self.drafter.name, draft=[int(t) for t in draft.tokens],
-            accepted=n_acc, committed=[int(t) for t in committed],
-            target_argmax=[int(x) for x in argmax.tolist()],
-            target_argmax_prob=[round(float(x), 6) for x in argmax_prob.tolist()],
-            p_draft=[round(x, 6) for x in p_draft],
-            q_draft=list(draft.q_token) if draft.q_token is not None else [None] * len(draft.tokens),
-            parents=list(draft.parents) if tree is not None else None,
-            accepted_path=path[:n_acc] if tree is not None else [],
-            t_draft=t_draft, t_verify=t_verify, extras=dict(draft.extras))
-        self.rounds.append(rnd)
+        rnd = self._record(draft, tree, out.logits[0].float(), probs, verdict, committed, n_acc,
+                           t_draft, t_verify)
         self.drafter.observe(VerifyFeedback(
-            round=rnd, logits=logits,
-            hidden_states=out.hidden_states if self._want_hidden else None, kept_rows=rows))
+            round=rnd, logits=out.logits[0].float(),
+            hidden_states=out.hidden_states if self._want_hidden else None,
+            kept_rows=verdict.rows))
         if stop:
             self._finish(stop)
-        elif self._budget() <= 0:
-            self._finish("max_new_tokens" if len(self.generated) >= self.settings.max_new_tokens
-                         else "context")
+        else:
+            self._stop_if_spent()
+        return rnd
+
+    def _propose(self, budget: int) -> Draft:
+        """The drafter's proposal, clipped so the round never commits past the budget."""
+        ctx = DraftContext(tokens=list(self.tokens), prompt_len=len(self.prompt_ids),
+                           max_draft=budget - 1, round_index=len(self.rounds))
+        return clip_draft(self.drafter.propose(ctx), budget - 1)
+
+    def _verify(self, draft: Draft) -> tuple[TokenTree, object, torch.Tensor, Verdict]:
+        """ONE target forward over [last committed token, draft...] (a tree with its 4D mask and
+        depth positions), the verdict, and the KV cache cut back to the committed rows."""
+        tree = TokenTree.chain(draft.tokens) if draft.parents is None else \
+            TokenTree(list(draft.tokens), list(draft.parents))
+        start = cache_len(self.cache)
+        ids = [self.tokens[-1]] + list(tree.tokens)
+        if tree.is_chain:
+            out = self._forward(ids)
+        else:
+            out = self._forward(ids, attention_mask=tree.attention_mask(start),
+                                position_ids=tree.position_ids(start))
+        logits = out.logits[0].float()
+        s = self.settings
+        probs = target_probs(logits, s.temperature, s.top_p)
+        verdict = verify(tree, logits, probs, s.greedy, draft.q, self.generator)
+        keep_rows(self.cache, start, verdict.rows)
+        return tree, out, probs, verdict
+
+    def _commit(self, tree: TokenTree, verdict: Verdict, budget: int
+                ) -> tuple[list[int], int, str | None]:
+        """Append the accepted tokens and the target's token, cut at EOS and at the budget.
+        Returns (committed, accepted count, stop reason or None)."""
+        committed = [int(tree.tokens[i]) for i in verdict.path] + [int(verdict.token)]
+        stop = None
+        eos_at = next((j for j, t in enumerate(committed) if t in self.eos), None)
+        if eos_at is not None:
+            committed, stop = committed[:eos_at + 1], "eos"
+        committed = committed[:budget]  # never past max_new_tokens / the context window
+        n_acc = min(len(verdict.path), len(committed))  # an accepted EOS ends the round early
+        self.tokens.extend(committed)
+        return committed, n_acc, stop
+
+    def _record(self, draft: Draft, tree: TokenTree, logits: torch.Tensor, probs: torch.Tensor,
+                verdict: Verdict, committed: list[int], n_acc: int, t_draft: float,
+                t_verify: float) -> Round:
+        """The round as a plain record (what every view reads)."""
+        argmax = logits.argmax(-1)
+        argmax_prob = probs.gather(-1, argmax.unsqueeze(-1)).squeeze(-1)
+        p_draft = [float(probs[TokenTree.row_of(par), t]) for par, t in zip(tree.parents,
+                                                                         tree.tokens)]
+        chain = tree.is_chain
+        rnd = Round(
+            index=len(self.rounds), start=len(self.tokens) - len(committed),
+            drafter=self.drafter.name, draft=list(tree.tokens), accepted=n_acc,
+            committed=committed, target_argmax=[int(x) for x in argmax.tolist()],
+            target_argmax_prob=[round(float(x), 6) for x in argmax_prob.tolist()],
+            p_draft=[round(x, 6) for x in p_draft],
+            q_draft=list(draft.q_token) if draft.q_token is not None else [None] * len(tree),
+            parents=None if chain else list(tree.parents),
+            accepted_path=[] if chain else verdict.path[:n_acc],
+            t_draft=t_draft, t_verify=t_verify, extras=dict(draft.extras))
+        self.rounds.append(rnd)
         return rnd
 
     def _finish(self, reason: str) -> None:

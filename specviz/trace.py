@@ -13,7 +13,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .analysis import metrics
 from .errors import TraceError
+from .tree import TokenTree
 
 SCHEMA_VERSION = 1
 MAX_TRACE_BYTES = 200 * 1024 * 1024
@@ -50,13 +52,49 @@ class Round:
     def is_tree(self) -> bool:
         return self.parents is not None
 
+    # ---- the draft as a tree (a chain is a one-branch tree): read here, once, for every view
+    @property
+    def tree(self) -> TokenTree:
+        if self.parents is None:
+            return TokenTree.chain(self.draft)
+        return TokenTree([int(t) for t in self.draft], [int(p) for p in self.parents])
+
+    @property
+    def path(self) -> list[int]:
+        """Node indices of the accepted path (a chain: the first ``accepted`` nodes)."""
+        if self.parents is None:
+            return list(range(min(int(self.accepted), len(self.draft))))
+        return [int(x) for x in self.accepted_path if 0 <= int(x) < len(self.draft)]
+
+    def node_status(self, sampling: bool = False) -> list[str]:
+        """accepted / first_rejected / rejected / not_reached per draft node (TokenTree)."""
+        return self.tree.node_status(self.path, sampling)
+
+    @property
+    def rejected_nodes(self) -> list[int]:
+        """Draft nodes off the accepted path, in node order (never committed)."""
+        on_path = set(self.path)
+        return [i for i in range(len(self.draft)) if i not in on_path]
+
     @property
     def rejected_suffix(self) -> list[int]:
-        """Draft tokens from the first mismatch on (chain); never committed."""
-        if self.is_tree:
-            on_path = set(self.accepted_path)
-            return [t for i, t in enumerate(self.draft) if i not in on_path]
-        return self.draft[self.accepted:]
+        """Draft tokens off the accepted path (a chain: from the first mismatch on)."""
+        return [int(self.draft[i]) for i in self.rejected_nodes]
+
+    @property
+    def draft_depth(self) -> int:
+        """How deep the draft goes: its length for a chain, the deepest node for a tree."""
+        return len(self.draft) if self.parents is None else self.tree.depth
+
+    def node_row(self, node: int) -> int:
+        """Row of the verify forward whose output predicts draft node ``node``."""
+        return node if self.parents is None else TokenTree.row_of(int(self.parents[node]))
+
+    @property
+    def target_row(self) -> int:
+        """Row of the verify forward whose output is the round's target token."""
+        path = self.path
+        return TokenTree.row_of(path[-1]) if path else 0
 
     @property
     def target_token(self) -> int:
@@ -64,13 +102,12 @@ class Round:
         return self.committed[self.accepted] if len(self.committed) > self.accepted else -1
 
     @property
-    def bonus(self) -> bool:
-        """True when every draft token was accepted (chain) and the target token is a bonus."""
-        return not self.is_tree and self.accepted == len(self.draft) and len(self.draft) > 0
-
-    @property
-    def tau(self) -> int:
-        return self.accepted + 1
+    def kind(self) -> str:
+        """``nodraft`` (a plain decoding step), ``bonus`` (the whole draft depth accepted, the
+        target's token follows it) or ``correction`` (the target's token replaces a rejection)."""
+        if not self.draft:
+            return "nodraft"
+        return "bonus" if self.accepted >= self.draft_depth else "correction"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -110,15 +147,13 @@ class Trace:
 
     @property
     def target_forwards(self) -> int:
-        """Target forward passes of the decoding loop (one per round; prefill not counted)."""
-        return len(self.rounds)
+        """Target forward passes: one per round, prefill not counted (analysis.metrics)."""
+        return metrics.target_forwards(self.rounds)
 
     @property
     def tau(self) -> float:
-        """Mean acceptance length: mean over rounds of (accepted + 1)."""
-        if not self.rounds:
-            return 0.0
-        return sum(r.accepted + 1 for r in self.rounds) / len(self.rounds)
+        """tau: committed tokens per round (:func:`specviz.analysis.metrics.tau`)."""
+        return metrics.tau(self.new_tokens, self.num_rounds)
 
     @property
     def new_tokens(self) -> int:
@@ -130,8 +165,8 @@ class Trace:
 
     @property
     def tokens_per_s(self) -> float:
-        t = self.decode_time
-        return self.new_tokens / t if t > 0 else 0.0
+        """Generated tokens ÷ decode time (prefill excluded); 0.0 before any round."""
+        return metrics.tokens_per_s(self.new_tokens, self.decode_time) or 0.0
 
     def text(self, tokenizer=None) -> str:
         if tokenizer is not None:
@@ -139,6 +174,7 @@ class Trace:
         return "".join(self.token_texts.get(t, "") for t in self.output_ids)
 
     def summary(self) -> dict[str, Any]:
+        """Headline numbers of the run (definitions: :mod:`specviz.analysis.metrics`)."""
         return {
             "method": self.meta.get("method"),
             "rounds": self.num_rounds,

@@ -1,9 +1,19 @@
 """Token trees as data (AdaPLD branched hypotheses; SpecInfer/Medusa/EAGLE-style trees).
 
 A tree is a list of node tokens and parent indices (-1 = the root, i.e. the last committed
-token). It is turned into the buffers one tree-verification forward needs: a 4D boolean
-attention mask (each node sees the whole KV cache, its ancestors and itself), position ids by
-depth, and root-to-node paths for committing the accepted branch.
+token); a chain draft is the one-branch tree ``parents = [-1, 0, 1, ...]``. It is turned into the
+buffers one tree-verification forward needs: a 4D boolean attention mask (each node sees the
+whole KV cache, its ancestors and itself), position ids by depth, and root-to-node paths for
+committing the accepted branch.
+
+After verification a tree is read once, here, for every view: :meth:`TokenTree.node_status`
+says of each node whether it was ``accepted`` (on the accepted path), the ``first_rejected``
+node(s) where the round ended (children of the deepest accepted node: the target judged them on
+a correct prefix and disagreed), ``rejected`` (a sibling of an accepted node, judged and
+rejected while the round went on along another branch) or ``not_reached`` (below a rejected
+node: never judged on a correct prefix, so its target probability means nothing).
+Verify rows: the verify forward's input is [root, nodes...], so row 0 predicts the root's
+children and row ``i + 1`` predicts node ``i``'s children (:meth:`TokenTree.row_of`).
 """
 from __future__ import annotations
 
@@ -11,6 +21,9 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import torch
+
+#: node statuses after verification, in the order views list them
+NODE_STATUSES = ("accepted", "first_rejected", "rejected", "not_reached")
 
 
 @dataclass
@@ -65,8 +78,45 @@ class TokenTree:
     def is_chain(self) -> bool:
         return all(p == i - 1 for i, p in enumerate(self.parents))
 
+    @property
+    def depth(self) -> int:
+        """Depth of the deepest node (0 for an empty tree)."""
+        return max(self.depths, default=0)
+
     def children(self, node: int) -> list[int]:
         return [i for i, p in enumerate(self.parents) if p == node]
+
+    def children_map(self) -> dict[int, list[int]]:
+        """parent -> its children in node order (-1 = the root)."""
+        out: dict[int, list[int]] = {}
+        for i, p in enumerate(self.parents):
+            out.setdefault(p, []).append(i)
+        return out
+
+    @staticmethod
+    def row_of(node: int) -> int:
+        """Verify-forward row whose output follows ``node`` (-1 = the root -> row 0)."""
+        return node + 1
+
+    def node_status(self, path: Sequence[int], sampling: bool = False) -> list[str]:
+        """Status of every node given the accepted ``path`` (see the module docstring).
+
+        With ``sampling=True`` children are tried in order (SpecInfer), so siblings listed
+        after an accepted child were never tried: ``not_reached``."""
+        on_path = set(int(x) for x in path)
+        last = int(path[-1]) if len(path) else -1
+        accepted_child = {self.parents[n]: n for n in on_path}
+        out = []
+        for i, p in enumerate(self.parents):
+            if i in on_path:
+                out.append("accepted")
+            elif p == last:
+                out.append("first_rejected")
+            elif (p == -1 or p in on_path) and not (sampling and i > accepted_child.get(p, i)):
+                out.append("rejected")
+            else:
+                out.append("not_reached")
+        return out
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root's child down to ``node`` (inclusive)."""

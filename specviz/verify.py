@@ -9,14 +9,57 @@ rejected token and renormalising. Every rule leaves the target distribution p un
 
 Row conventions: ``logits`` / ``p`` have one row per input position of the verify forward,
 [last committed token, draft...]; row i is the target's distribution for the token after input i.
+
+:func:`verify` is the one entry point the engine calls: greedy or sampling x chain or tree, it
+returns a :class:`Verdict` (the accepted path as node indices and the target's own token).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from .errors import SettingsError
+from .tree import TokenTree
+
+
+@dataclass
+class Verdict:
+    """The outcome of verifying one draft: the accepted path (node indices; a chain's are
+    0..a-1) and the target's own token that follows it (a correction or a bonus)."""
+
+    path: list[int]
+    token: int
+
+    @property
+    def rows(self) -> list[int]:
+        """Rows of the verify input that are now committed: the root and the accepted path."""
+        return [0] + [TokenTree.row_of(n) for n in self.path]
+
+
+def target_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
+    """The target's distribution p per verify row: softmax for greedy (temperature 0, display
+    only), else the warped sampling distribution."""
+    if float(temperature) == 0.0:
+        return torch.softmax(logits.float(), dim=-1)
+    return warp_probs(logits, temperature, top_p)
+
+
+def verify(tree: TokenTree, logits: torch.Tensor, probs: torch.Tensor, greedy: bool,
+           q: torch.Tensor | None = None, generator: torch.Generator | None = None) -> Verdict:
+    """Verify a draft (a chain is a one-branch tree) against the verify forward's ``logits``
+    (greedy) or its target distribution ``probs`` (sampling; ``q``: the drafter's [k, V]
+    distributions of a sampled chain, None for deterministic drafts)."""
+    if tree.is_chain:
+        if greedy:
+            a, tok = greedy_chain(tree.tokens, logits)
+        else:
+            a, tok = sample_chain(tree.tokens, probs, q, generator)
+        return Verdict(list(range(a)), tok)
+    if greedy:
+        return Verdict(*greedy_tree(tree.tokens, tree.parents, logits))
+    return Verdict(*sample_tree(tree.tokens, tree.parents, probs, generator))
 
 
 def warp_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
@@ -82,9 +125,7 @@ def greedy_tree(tokens: Sequence[int], parents: Sequence[int], logits: torch.Ten
     """Return (accepted path as node indices, target token) for a token tree under greedy.
     ``logits`` row 0 is the root (last committed token), row i+1 is node i."""
     argmax = logits.argmax(-1).tolist()
-    children: dict[int, list[int]] = {}
-    for i, par in enumerate(parents):
-        children.setdefault(par, []).append(i)
+    children = TokenTree(list(tokens), list(parents)).children_map()
     path: list[int] = []
     cur = -1
     while True:
@@ -102,9 +143,7 @@ def sample_tree(tokens: Sequence[int], parents: Sequence[int], p: torch.Tensor,
     try the children in order, accept child x with probability p(x) under the current residual,
     on rejection set p(x) = 0 and renormalise; if all fail, sample from the residual."""
     p = p.float().cpu()
-    children: dict[int, list[int]] = {}
-    for i, par in enumerate(parents):
-        children.setdefault(par, []).append(i)
+    children = TokenTree(list(tokens), list(parents)).children_map()
     path: list[int] = []
     cur = -1
     while True:

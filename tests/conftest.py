@@ -141,7 +141,7 @@ def greedy_lossless_runs(target, method: str, prompts: list[dict], max_new_token
     """Greedy runs of ``method`` on real ``prompts`` next to plain greedy decoding (AR outputs
     are cached per prompt and length across tests); fails on any divergence that is not a
     near-tie. Returns (ar trace, method trace, comparison) per prompt."""
-    from specviz.analysis.stats import compare_outputs
+    from specviz.analysis.lossless import compare_outputs
     from specviz.engine import DecodeSettings, generate
 
     settings = DecodeSettings(max_new_tokens=max_new_tokens)

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from specviz.analysis.stats import compare_outputs
+from specviz.analysis.lossless import compare_outputs
 from specviz.drafters import METHODS, Draft, Drafter, make_drafter
 from specviz.drafters.adapld import (AdaPLDDrafter, NgramIndex, WindowIndex, lexical_candidates,
                                      semantic_candidates)
@@ -394,27 +394,27 @@ def test_highly_repetitive_prompt_grows_draft_length_on_the_engine(tiny_target):
 
 
 # ------------------------------------------------------------------------------ settings
-@pytest.mark.parametrize("params,msg", [
-    (dict(max_branches=0), "max_branches must be between 1 and 16"),
-    (dict(max_branches=17), "max_branches must be between 1 and 16"),
-    (dict(node_budget=0), "node_budget must be between 1 and 256"),
-    (dict(node_budget=1000), "node_budget must be between 1 and 256"),
-    (dict(max_draft=0), "max_draft must be between 1 and 64"),
-    (dict(max_draft=65), "max_draft must be between 1 and 64"),
-    (dict(max_ngram=0), "max_ngram must be between 1 and 16"),
-    (dict(max_ngram=3, min_ngram=4), "min_ngram must be between 1 and 3"),
-    (dict(window=1), "window must be between 2 and 64"),
-    (dict(max_branches=2.5), "max_branches must be an integer"),
-    (dict(node_budget="many"), "node_budget must be an integer"),
-    (dict(sim_threshold=1.5), "sim_threshold must be between 0 and 1"),
-    (dict(sim_threshold=-0.1), "sim_threshold must be between 0 and 1"),
-    (dict(sim_threshold="high"), "sim_threshold must be a number"),
-    (dict(free_threshold=2), "free_threshold must be between 0 and 1"),
-    (dict(semantic="bert"), "semantic must be one of off, minilm, target_embed"),
+@pytest.mark.parametrize("params,msg", [  # messages name the sidebar label, not the argument
+    (dict(max_branches=0), "Most branches must be a whole number from 1 to 16, got 0"),
+    (dict(max_branches=17), "Most branches must be a whole number from 1 to 16"),
+    (dict(node_budget=0), "Tree node budget must be a whole number from 1 to 256"),
+    (dict(node_budget=1000), "Tree node budget must be a whole number from 1 to 256"),
+    (dict(max_draft=0), "Longest draft must be a whole number from 1 to 64"),
+    (dict(max_draft=65), "Longest draft must be a whole number from 1 to 64"),
+    (dict(max_ngram=0), "Longest n-gram must be a whole number from 1 to 16"),
+    (dict(max_ngram=3, min_ngram=4), "Shortest n-gram must be a whole number from 1 to 3"),
+    (dict(window=1), "Semantic window must be a whole number from 2 to 64"),
+    (dict(max_branches=2.5), "Most branches must be a whole number .*got 2.5"),
+    (dict(node_budget="many"), "Tree node budget must be a whole number .*got 'many'"),
+    (dict(sim_threshold=1.5), "Semantic similarity threshold must be a number from 0 to 1"),
+    (dict(sim_threshold=-0.1), "Semantic similarity threshold must be a number from 0 to 1"),
+    (dict(sim_threshold="high"), "Semantic similarity threshold must be a number"),
+    (dict(free_threshold=2), "Free-match threshold must be a number from 0 to 1"),
+    (dict(semantic="bert"), "Semantic retrieval must be one of off, minilm, target_embed"),
     (dict(ablation="everything"), "ablation must be one of"),
-    (dict(adaptive="maybe"), "adaptive must be true or false"),
-    (dict(branches=1), "branches must be true or false"),
-    (dict(cost="gpu"), "cost must be one of cpu, flat"),
+    (dict(adaptive="maybe"), "Adaptive draft length must be true or false"),
+    (dict(branches=1), "Token trees must be true or false"),
+    (dict(cost="gpu"), "Verify-cost model must be one of cpu, flat"),
 ])
 def test_bad_settings(params, msg):
     with pytest.raises(SettingsError, match=msg):

@@ -10,11 +10,12 @@ import pandas as pd
 import pytest
 
 from specviz import appstate
-from specviz.drafters import METHOD_PARAMS, make_drafter
+from specviz.drafters import make_drafter
 from specviz.errors import SettingsError
 from specviz.trace import Round, Trace
 from specviz.viz import CompareRun
 from specviz.viz import adapld as va
+from specviz.viz import tree as vt
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 TEXTS = {i: f" w{i}" for i in range(100)}
@@ -90,26 +91,30 @@ def trace() -> Trace:
 # ---------------------------------------------------------------- node statuses and the tree
 def test_node_status_of_a_tree_with_a_known_accepted_path(trace):
     r = trace.rounds[0]
-    assert va.node_status(r) == ["accepted", "accepted", "rejected", "unreached", "rejected",
-                                 "unreached", "rejected"]
+    # 2 and 6 are children of the last accepted node (where the round ended); 4 is a sibling of
+    # an accepted node (judged and rejected while the round went on); 3 and 5 were never judged
+    assert r.node_status() == ["accepted", "accepted", "first_rejected", "not_reached",
+                               "rejected", "not_reached", "first_rejected"]
     # sampling (SpecInfer): children are tried in order, so the root's child after the accepted
     # one (node 4) was never tried
-    assert va.node_status(r, sampling=True) == ["accepted", "accepted", "rejected", "unreached",
-                                                "unreached", "unreached", "rejected"]
+    assert r.node_status(sampling=True) == ["accepted", "accepted", "first_rejected",
+                                            "not_reached", "not_reached", "not_reached",
+                                            "first_rejected"]
     assert va.node_branches(r) == [0, 0, 0, 0, 1, 1, 2]
-    depth, y = va.tree_layout(r)
+    depth, y = vt.tree_layout(r)
     assert depth == [1, 2, 3, 4, 1, 2, 3]
     assert y == [0, 0, 0, 0, 2, 2, 1]  # best branch on the top row, a parent level with child 1
 
 
 def test_node_status_of_chains_and_empty_drafts(trace):
-    assert va.node_status(trace.rounds[1]) == ["accepted", "rejected", "unreached", "unreached"]
-    assert va.node_status(trace.rounds[4]) == ["accepted", "accepted"]
-    assert va.node_status(trace.rounds[2]) == []
+    assert trace.rounds[1].node_status() == ["accepted", "first_rejected", "not_reached",
+                                             "not_reached"]
+    assert trace.rounds[4].node_status() == ["accepted", "accepted"]
+    assert trace.rounds[2].node_status() == []
     nothing = Round(index=0, start=3, drafter="adapld", draft=[5, 6, 7], accepted=0,
                     committed=[9])
-    assert va.node_status(nothing) == ["rejected", "unreached", "unreached"]
-    assert va.tree_layout(trace.rounds[1]) == ([1, 2, 3, 4], [0, 0, 0, 0])  # one branch
+    assert nothing.node_status() == ["first_rejected", "not_reached", "not_reached"]
+    assert vt.tree_layout(trace.rounds[1]) == ([1, 2, 3, 4], [0, 0, 0, 0])  # one branch
 
 
 def _annotations(fig) -> list[str]:
@@ -124,7 +129,8 @@ def test_branch_tree_figure_tree(trace):
     assert "<b> w20</b>" in texts and "<b> w21</b>" in texts   # accepted nodes in bold
     assert " w30" in texts                                     # the correction token
     names = {t.name for t in fig.data if t.name}
-    assert {"accepted (2)", "rejected (3)", "not reached (2)", "accepted path"} <= names
+    assert {"accepted (2)", "first rejected (2)", "rejected (1)", "not reached (2)",
+            "accepted path"} <= names
     path = next(t for t in fig.data if t.name == "accepted path")
     assert path.line.width >= 4 and [x for x in path.x if x is not None]
     assert "tree" in fig.layout.title.text and "2 accepted" in fig.layout.title.text
@@ -259,21 +265,26 @@ def test_ablation_table_orders_the_ladder(trace):
 
 # ---------------------------------------------------------------- sidebar settings
 def test_method_params_for_the_adapld_variants():
+    def sidebar(m):
+        return {s.name: s.default for s in appstate.method_param_specs(m)}
+
     for m in va.ADAPLD_METHODS:
         specs = {s.name: s for s in appstate.method_param_specs(m)}
         assert specs, m
-        assert set(specs) == set(METHOD_PARAMS[m])
         cfg = make_drafter(m).config()
         assert all(cfg[k] == s.default for k, s in specs.items()), m
-    assert "semantic" not in METHOD_PARAMS["adapld_lex"]      # the preset turns it off
-    assert "node_budget" in METHOD_PARAMS["adapld"]
-    assert make_drafter("adapld_lex", **METHOD_PARAMS["adapld_lex"]).config()["semantic"] == "off"
-    assert not make_drafter("adapld_sem", **METHOD_PARAMS["adapld_sem"]).config()["branches"]
-    for bad in ({"node_budget": 0}, {"node_budget": 999}, {"max_branches": 0},
-                {"max_branches": 17}):
-        with pytest.raises(SettingsError, match=next(iter(bad))):
+    assert set(va.ADAPLD_METHODS) == {"adapld", "adapld_lex", "adapld_sem"}
+    assert "semantic" not in sidebar("adapld_lex")      # the preset turns it off
+    assert "node_budget" in sidebar("adapld") and "node_budget" not in sidebar("adapld_sem")
+    assert make_drafter("adapld_lex", **sidebar("adapld_lex")).config()["semantic"] == "off"
+    assert not make_drafter("adapld_sem", **sidebar("adapld_sem")).config()["branches"]
+    for bad, label in (({"node_budget": 0}, "Tree node budget"),
+                       ({"node_budget": 999}, "Tree node budget"),
+                       ({"max_branches": 0}, "Most branches"),
+                       ({"max_branches": 17}, "Most branches")):
+        with pytest.raises(SettingsError, match=label):
             make_drafter("adapld", **bad)
-    assert appstate.method_param_specs("pld")  # other methods still use their class
+    assert appstate.method_param_specs("pld")
 
 
 # ---------------------------------------------------------------- the page (AppTest)
@@ -324,15 +335,18 @@ def test_adapld_page_on_a_decode_run():
     assert_clean(at)
     assert "Round 1" in page_html(at)
 
-    # out-of-range budgets: a visible error from the drafter's own checks, no traceback
-    for key, value, word in [("param_adapld_node_budget", 0, "node_budget"),
-                             ("param_adapld_max_branches", 99, "max_branches")]:
-        at.number_input(key=key).set_value(value).run()
-        assert not at.exception, [e.value for e in at.exception]
-        assert any(word in e.value for e in at.error), [e.value for e in at.error]
-        assert at.button(key="ada_run").disabled
-    at.number_input(key="param_adapld_node_budget").set_value(24).run()
-    at.number_input(key="param_adapld_max_branches").set_value(3).run()
+    # the widgets carry the registry's ranges, so an out-of-range budget cannot be entered ...
+    for key, lo, hi in [("param_adapld_node_budget", 1, 256), ("param_adapld_max_branches", 1, 16)]:
+        assert (at.number_input(key=key).min, at.number_input(key=key).max) == (lo, hi)
+    # ... and settings that conflict (shortest n-gram > longest) get a visible error from the
+    # drafter's own check, naming the setting by its label; no traceback
+    at.number_input(key="param_adapld_max_ngram").set_value(2).run()
+    at.number_input(key="param_adapld_min_ngram").set_value(3).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("Shortest n-gram" in e.value for e in at.error), [e.value for e in at.error]
+    assert at.button(key="ada_run").disabled
+    at.number_input(key="param_adapld_min_ngram").set_value(1).run()
+    at.number_input(key="param_adapld_max_ngram").set_value(4).run()
     assert_clean(at)
 
     # the ablation: lexical only vs plain decoding, timed in the same run

@@ -67,6 +67,9 @@ def test_build_config_valid_and_key():
     (dict(seed=-1), "seed"),
     (dict(model="  "), "enter a model"),
     (dict(method="nope"), "unknown method"),
+    (dict(params={"num_output_tokens": 0}), "Draft length must be a whole number from 1 to 128"),
+    (dict(params={"num_output_tokens": 2.5}), "Draft length must be a whole number"),
+    (dict(params={"nope": 1}), "unknown setting 'nope' for method 'pld'"),
 ])
 def test_build_config_rejects_absurd_settings(kw, msg):
     with pytest.raises(SettingsError, match=msg):
@@ -295,9 +298,14 @@ def test_bad_inputs_show_errors_and_app_keeps_working():
     assert not at.exception and any("top_p" in e.value for e in at.error)
     at.number_input(key="top_p").set_value(0.9).run()
     at.radio(key="mode").set_value("Greedy").run()
-    at.number_input(key="param_pld_num_output_tokens").set_value(0).run()
-    at.button(key="next").click().run()
-    assert not at.exception and any("num_output_tokens" in e.value for e in at.error)
+    # method settings: the widget is bounded by the registry's range (an out-of-range value is
+    # not taken), and a value set behind the widget's back is refused with the setting's label
+    draft_len = at.number_input(key="param_pld_num_output_tokens")
+    assert (draft_len.label, draft_len.min, draft_len.max) == ("Draft length", 1, 128)
+    draft_len.set_value(0).run()
+    assert not at.exception and at.number_input(key="param_pld_num_output_tokens").value >= 1
+    with pytest.raises(SettingsError, match="Draft length must be a whole number from 1 to 128"):
+        _cfg(params={"num_output_tokens": 0})
     at.number_input(key="param_pld_num_output_tokens").set_value(10).run()
     # unknown models: a missing folder and a hub id that is not available offline
     at.radio(key="model_choice").set_value("Hugging Face id or local folder").run()

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from specviz.analysis.stats import compare_outputs
+from specviz.analysis.lossless import compare_outputs
 from specviz.drafters import make_drafter
 from specviz.drafters.dflash import (DFlashDrafter, default_target_layer_ids,
                                      load_dflash_checkpoint, new_dflash_for_target,

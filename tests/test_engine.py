@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from specviz.analysis.stats import compare_outputs
+from specviz.analysis.lossless import compare_outputs
 from specviz.drafters import Draft, Drafter, make_drafter
 from specviz.drafters.pld import PLDDrafter
 from specviz.engine import DecodeSettings, Session, generate

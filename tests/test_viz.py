@@ -49,9 +49,9 @@ def trace() -> Trace:
 
 # ---------------------------------------------------------------- stats
 def test_round_kinds_and_lengths(trace):
-    assert [viz.round_kind(r) for r in trace.rounds] == ["correction", "nodraft", "bonus", "bonus"]
+    assert [r.kind for r in trace.rounds] == ["correction", "nodraft", "bonus", "bonus"]
     assert viz.accepted_lengths(trace) == [1, 0, 2, 2]
-    assert [viz.draft_depth(r) for r in trace.rounds] == [3, 0, 2, 2]
+    assert [r.draft_depth for r in trace.rounds] == [3, 0, 2, 2]
 
 
 def test_position_acceptance_is_conditional_on_reaching(trace):
@@ -288,7 +288,7 @@ def test_slot_confidence_chart_and_calibration(trace):
     f = viz.fig_slot_confidence(t, 0)
     by = {d.name: d for d in f.data}
     assert list(by["accepted"].x) == [1, 2] and list(by["accepted"].y) == [0.95, 0.7]
-    assert list(by["rejected"].x) == [3] and list(by["rejected"].y) == [0.85]
+    assert list(by["first rejected"].x) == [3] and list(by["first rejected"].y) == [0.85]
     assert list(by["not reached"].x) == [4]
     assert list(by["target p(draft token)"].y) == [0.9, 0.8, 0.05, 0.3]
     assert "Round 1" in f.layout.title.text

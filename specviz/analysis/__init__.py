@@ -1,1 +1,2 @@
-"""Analyses computed from traces: lossless checks and statistics (later: alignment, EDR)."""
+"""Analyses computed from traces: the metric definitions (metrics), lossless checks (lossless);
+later: alignment, EDR."""

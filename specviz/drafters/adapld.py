@@ -77,7 +77,6 @@ cheap (``cost="flat"``: +5 % tau over PLD with trees).
 """
 from __future__ import annotations
 
-import numbers
 import time
 from bisect import bisect_left
 from dataclasses import dataclass
@@ -88,6 +87,7 @@ import torch
 from ..errors import SettingsError
 from ..tree import TokenTree
 from .base import Draft, DraftContext, Drafter, VerifyFeedback
+from .registry import MethodSpec, ParamSpec, params_by_name
 
 SEMANTIC_CHOICES = ("off", "minilm", "target_embed")
 DEFAULT_SEMANTIC = "target_embed"
@@ -114,39 +114,42 @@ PROBE_GAPS = (4, 32)           # first re-probe after 4 rounds, doubling up to 3
 ALT_GAIN_PRIOR = 0.25          # prior extra accepted tokens per alternative branch (harmonic)
 ALT_GAIN_DRIFT = 0.02          # per chain round, alt_gain drifts back towards the prior
 _UNSET: Any = object()
-_BOOL_WORDS = {"true": True, "false": False, "yes": True, "no": False, "on": True, "off": False}
-
-
-def _check_int(name: str, value, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) and not (
-            isinstance(value, float) and value.is_integer()):
-        raise SettingsError(f"AdaPLD setting {name} must be an integer between {lo} and {hi}, "
-                            f"got {value!r}")
-    value = int(value)
-    if not lo <= value <= hi:
-        raise SettingsError(f"AdaPLD setting {name} must be between {lo} and {hi}, got {value}")
-    return value
-
-
-def _check_bool(name: str, value) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
-        return _BOOL_WORDS[value.strip().lower()]
-    raise SettingsError(f"AdaPLD setting {name} must be true or false, got {value!r}")
-
-
-def _check_unit(name: str, value) -> float:
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        value = float(value)
-    except (TypeError, ValueError):
-        raise SettingsError(f"AdaPLD setting {name} must be a number between 0 and 1, "
-                            f"got {value!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise SettingsError(f"AdaPLD setting {name} must be between 0 and 1, got {value}")
-    return value
+PARAMS = params_by_name(
+    ParamSpec("max_ngram", int, 4, range=(1, 16), label="Longest n-gram",
+              help="Longest suffix n-gram looked up. The longest one found earlier in prompt + "
+                   "output wins."),
+    ParamSpec("min_ngram", int, 1, range=(1, 16), label="Shortest n-gram",
+              help="Shortest suffix n-gram looked up (at most the longest n-gram)."),
+    ParamSpec("max_draft", int, 8, range=(1, 64), label="Longest draft",
+              help="Most tokens in the best branch; the adaptive control picks the length up "
+                   "to this."),
+    ParamSpec("max_branches", int, 3, range=(1, 16), label="Most branches",
+              help="Most hypotheses merged into the draft tree; 1 = always a chain."),
+    ParamSpec("node_budget", int, 24, range=(1, 256), label="Tree node budget",
+              help="Most nodes in a draft tree: all branches together, verified in one target "
+                   "forward."),
+    ParamSpec("semantic", str, DEFAULT_SEMANTIC, choices=SEMANTIC_CHOICES,
+              label="Semantic retrieval",
+              help="Used when lexical matching finds < 2 tokens: target_embed (the target's own "
+                   "embeddings, free), minilm (needs the MiniLM package) or off."),
+    ParamSpec("window", int, 8, range=(2, 64), label="Semantic window",
+              help="Tokens per window compared by semantic retrieval."),
+    ParamSpec("adaptive", bool, True, label="Adaptive draft length",
+              help="Adapt draft length and branch count to the recent acceptance of each "
+                   "retrieval source, and pause sources that do not pay."),
+    ParamSpec("cost", str, "cpu", choices=("cpu", "flat"), label="Verify-cost model",
+              help="Verify-cost model for the adaptive control: cpu (longer drafts cost more) "
+                   "or flat (accelerators)."),
+    ParamSpec("sim_threshold", float, None, range=(0, 1), label="Semantic similarity threshold",
+              help="Cosine similarity a window needs to be copied; unset = by embedder "
+                   "(target_embed 0.9, minilm 0.5).", advanced=True),
+    ParamSpec("free_threshold", float, None, range=(0, 1), label="Free-match threshold",
+              help="Similarity a window with no shared token needs; unset = two thirds of the "
+                   "way from the similarity threshold to 1.", advanced=True),
+    ParamSpec("branches", bool, True, label="Token trees",
+              help="Merge alternative hypotheses into a token tree (false = single chain).",
+              advanced=True),
+)
 
 
 def relative_cost(k: int, curve: str = "cpu") -> float:
@@ -562,31 +565,23 @@ class AdaPLDDrafter(Drafter):
         semantic = preset["semantic"] if semantic is _UNSET else semantic
         branches = preset["branches"] if branches is _UNSET else branches
         self.ablation = ablation
-        self.max_ngram = _check_int("max_ngram", max_ngram, 1, 16)
-        self.min_ngram = _check_int("min_ngram", min_ngram, 1, self.max_ngram)
-        self.max_draft = _check_int("max_draft", max_draft, 1, 64)
-        self.max_branches = _check_int("max_branches", max_branches, 1, 16)
-        self.node_budget = _check_int("node_budget", node_budget, 1, 256)
-        self.window = _check_int("window", window, 2, 64)
-        sem = str(semantic).strip().lower() if semantic not in (None, False) else "off"
-        if sem in ("none", "false", ""):
-            sem = "off"
-        if sem not in SEMANTIC_CHOICES:
-            raise SettingsError(f"AdaPLD setting semantic must be one of "
-                                f"{', '.join(SEMANTIC_CHOICES)}, got {semantic!r}")
-        self.semantic = sem
+        P = PARAMS
+        self.max_ngram = P["max_ngram"].check(max_ngram)
+        self.min_ngram = P["min_ngram"].within(1, self.max_ngram).check(min_ngram)
+        self.max_draft = P["max_draft"].check(max_draft)
+        self.max_branches = P["max_branches"].check(max_branches)
+        self.node_budget = P["node_budget"].check(node_budget)
+        self.window = P["window"].check(window)
+        self.semantic = sem = P["semantic"].check(semantic)
         if sim_threshold is None:
             sim_threshold = DEFAULT_SIM_THRESHOLD[sem]
-        self.sim_threshold = _check_unit("sim_threshold", sim_threshold)
+        self.sim_threshold = P["sim_threshold"].check(sim_threshold)
         if free_threshold is None:  # two thirds of the way from sim_threshold to 1
             free_threshold = self.sim_threshold + (1.0 - self.sim_threshold) * 2.0 / 3.0
-        self.free_threshold = _check_unit("free_threshold", free_threshold)
-        self.adaptive = _check_bool("adaptive", adaptive)
-        self.branches = _check_bool("branches", branches)
-        if cost not in COST_CURVES:
-            raise SettingsError(f"AdaPLD setting cost must be one of {', '.join(COST_CURVES)}, "
-                                f"got {cost!r}")
-        self.cost = cost
+        self.free_threshold = P["free_threshold"].check(free_threshold)
+        self.adaptive = P["adaptive"].check(adaptive)
+        self.branches = P["branches"].check(branches)
+        self.cost = P["cost"].check(cost)
         self.eos_token_ids = set(eos_token_ids or ())
         self.fallback_reason: str | None = None
         if self.semantic == "minilm":
@@ -812,3 +807,24 @@ class AdaPLDDrafter(Drafter):
             st.gap = PROBE_GAPS[0]
             st.next_probe = rnd.index + 1 + st.gap
             st.gap = min(PROBE_GAPS[1], 2 * st.gap)
+
+
+def _spec(name: str, display: str, description: str, ablation: str | None,
+          settings: Sequence[str]) -> MethodSpec:
+    """One AdaPLD method: the drafter with an ablation preset and the settings it leaves open."""
+    return MethodSpec(name, AdaPLDDrafter, display, description,
+                      params=tuple(PARAMS[n] for n in settings),
+                      preset={"ablation": ablation} if ablation else {},
+                      hint="See the **AdaPLD** page for where each draft comes from.")
+
+
+_BASIC = ("max_ngram", "min_ngram", "max_draft")
+SPECS = (
+    _spec("adapld", "AdaPLD", "AdaPLD: adaptive prompt lookup (lexical + semantic retrieval, "
+          "token trees)", None, tuple(PARAMS)),
+    _spec("adapld_lex", "AdaPLD: lexical only", "AdaPLD ablation: lexical retrieval only, "
+          "single chain", "lexical", _BASIC + ("adaptive", "cost")),
+    _spec("adapld_sem", "AdaPLD: + semantic", "AdaPLD ablation: lexical + semantic retrieval, "
+          "single chain", "semantic", _BASIC + ("semantic", "window", "adaptive", "cost",
+                                                 "sim_threshold", "free_threshold")),
+)

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from ..tree import TokenTree
+
 
 @dataclass
 class DraftContext:
@@ -37,9 +39,30 @@ class VerifyFeedback:
     """Everything the verify forward computed, handed back to the drafter after a round."""
 
     round: Any                          # specviz.trace.Round
-    logits: torch.Tensor                # [1 + k, V] target logits over [last token, draft...]
+    logits: torch.Tensor | None         # [1 + k, V] target logits over [last token, draft...]
+    #                                     (None in offline replay: no target forward ran)
     hidden_states: tuple | None = None  # HF hidden_states of the verify forward (if requested)
     kept_rows: list[int] | None = None  # rows of the verify input that are now committed
+
+
+def clip_draft(draft: Draft, max_depth: int) -> Draft:
+    """Cut a draft to ``max_depth`` (a chain's length, a tree's depth): the engine and offline
+    replay never let a round commit more than the token budget allows."""
+    if draft.parents is None:
+        if len(draft.tokens) > max_depth:
+            draft.tokens = draft.tokens[:max_depth]
+            draft.q = draft.q[:max_depth] if draft.q is not None else None
+            draft.q_token = draft.q_token[:max_depth] if draft.q_token is not None else None
+        return draft
+    tree = TokenTree(list(draft.tokens), list(draft.parents))
+    keep = [i for i, d in enumerate(tree.depths) if d <= max_depth]
+    if len(keep) < len(tree):
+        remap = {old: new for new, old in enumerate(keep)}
+        draft.tokens = [tree.tokens[i] for i in keep]
+        draft.parents = [remap.get(tree.parents[i], -1) for i in keep]
+        if draft.q_token is not None:
+            draft.q_token = [draft.q_token[i] for i in keep]
+    return draft
 
 
 class Drafter:

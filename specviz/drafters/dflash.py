@@ -62,12 +62,27 @@ from torch import nn
 from ..errors import SettingsError
 from ..models import ModelLoadError
 from .base import Draft, DraftContext, Drafter, VerifyFeedback
+from .context import ContextCache, tapped_features
+from .registry import MethodSpec, ParamSpec, params_by_name
 
 CONFIG_NAME = "config.json"
 DRAFT_VOCAB_KEY = "draft_vocab"
 WEIGHTS_NAME = "model.safetensors"
 ARCHITECTURE = "DFlashDraftModel"
 MAX_BLOCK_SIZE = 64
+PARAMS = params_by_name(
+    ParamSpec("checkpoint", str, "", label="Drafter checkpoint",
+              help="A DFlash drafter folder or hub id (config.json + model.safetensors). Empty = "
+                   "the drafter this project trained for the embedded SmolLM2-135M-Instruct."),
+    ParamSpec("block_size", int, 0, range=(0, MAX_BLOCK_SIZE), label="Block size",
+              help="Slots per block (anchor + masks), at most the checkpoint's; 0 = the "
+                   "checkpoint's own. Smaller blocks draft fewer tokens per round."),
+    ParamSpec("draft_temperature", float, 0.0, range=(0, 10), label="Draft temperature",
+              help="0 = argmax drafts; > 0 samples each slot (still lossless: the target "
+                   "verifies with rejection sampling)."),
+    ParamSpec("seed", int, 0, range=(0, 2 ** 32 - 1), label="Drafter seed",
+              help="Seeds the drafter's own sampler (draft temperature > 0)."),
+)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -580,6 +595,11 @@ class DFlashDrafter(Drafter):
                  device: str | None = None):
         if target is None:
             raise SettingsError("dflash needs the target model (make_drafter('dflash', target, ...))")
+        if checkpoint is not None:
+            checkpoint = PARAMS["checkpoint"].check(checkpoint)
+        draft_temperature = PARAMS["draft_temperature"].check(draft_temperature)
+        block_size = PARAMS["block_size"].check(None if block_size == "" else block_size)
+        seed = PARAMS["seed"].check(seed)
         if model is None:
             if checkpoint is None or not str(checkpoint).strip():
                 checkpoint = bundled_checkpoint(target)
@@ -588,8 +608,6 @@ class DFlashDrafter(Drafter):
                                     "checkpoint=PATH_OR_HUB_ID (a folder with config.json + "
                                     "model.safetensors, or e.g. z-lab/Qwen3-8B-DFlash-b16); only "
                                     "the embedded SmolLM2-135M-Instruct has a bundled drafter")
-        if not 0.0 <= float(draft_temperature) <= 10.0:
-            raise SettingsError("draft_temperature must be between 0 (argmax drafts) and 10")
         dev = device or target.device
         if isinstance(dtype, str) and dtype not in ("", "auto"):
             dtype = getattr(torch, dtype, None)
@@ -602,54 +620,46 @@ class DFlashDrafter(Drafter):
             model = model.to(device=dev, dtype=dt).eval()
         _check_compatible(model, target)
         ckpt_b = int(model.block_size)
-        b = ckpt_b if block_size in (None, "", 0) else int(block_size)
+        b = block_size or ckpt_b
         if not 2 <= b <= ckpt_b:
-            raise SettingsError(f"dflash block_size must be between 2 and the checkpoint's "
-                                f"block size {ckpt_b} (got {b})")
+            raise SettingsError(f"{PARAMS['block_size'].label} must be 0 (the checkpoint's own) "
+                                f"or from 2 to the checkpoint's block size {ckpt_b}, got {b}")
         self.target = target
         self.model = model
         self.checkpoint = None if checkpoint is None else str(checkpoint)
         self.block_size = b
-        self.draft_temperature = float(draft_temperature)
-        self.seed = int(seed)
+        self.draft_temperature = draft_temperature
+        self.seed = seed
         self.device = torch.device(dev)
         self.dtype = dt
         self.hidden_state_layers = [i + 1 for i in model.target_layer_ids]
-        self._kv: list[list[torch.Tensor]] = []
+        self._ctx = ContextCache(seq_dim=2)
         self.generator = torch.Generator().manual_seed(self.seed)
 
-    # -- context cache
+    # -- context cache (specviz.drafters.context): every drafter layer's context K/V
     @property
     def context_len(self) -> int:
-        return int(self._kv[0][0].shape[2]) if self._kv else 0
+        return len(self._ctx)
 
     def _reset(self) -> None:
-        self._kv = []
+        self._ctx.reset()
         self.generator = torch.Generator().manual_seed(self.seed)
-
-    def _crop(self, n: int) -> None:
-        if self._kv and self.context_len > n:
-            self._kv = [[k[:, :, :n], v[:, :, :n]] for k, v in self._kv]
 
     def _append(self, hidden_states, rows: list[int] | None, start_pos: int) -> None:
         """Append the context K/V of ``rows`` of a target forward's hidden states, the first
         at absolute position ``start_pos`` (rows are consecutive committed positions)."""
-        if hidden_states is None:
-            raise RuntimeError("dflash needs the target's hidden states (hidden_state_layers)")
-        feats = torch.cat([hidden_states[i] for i in self.hidden_state_layers], dim=-1)
-        if rows is not None:
-            feats = feats[:, torch.as_tensor(rows, dtype=torch.long, device=feats.device)]
+        feats = tapped_features(hidden_states, self.hidden_state_layers, rows)
         if feats.shape[1] == 0:
             return
         feats = feats.to(device=self.device, dtype=self.dtype)
         pos = torch.arange(start_pos, start_pos + feats.shape[1])
         with torch.inference_mode():
             new = self.model.context_kv(feats, pos)
-        if not self._kv:
-            self._kv = [[k, v] for k, v in new]
-        else:
-            self._kv = [[torch.cat([k0, k], 2), torch.cat([v0, v], 2)]
-                        for (k0, v0), (k, v) in zip(self._kv, new)]
+        self._ctx.append([t for kv in new for t in kv])
+
+    def _context_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        t = self._ctx.tensors
+        return [(t[2 * i], t[2 * i + 1]) for i in range(len(t) // 2)] or self._empty_kv()
 
     # -- Drafter interface
     def begin(self, target, prompt_ids, prefill_hidden=None):
@@ -674,7 +684,7 @@ class DFlashDrafter(Drafter):
             x = emb(ids).to(device=self.device, dtype=self.dtype)
             if m.learned_mask:
                 x = torch.cat([x[:, :1], m.mask_embedding.view(1, 1, -1).expand(1, B - 1, -1)], 1)
-            kv = self._kv or self._empty_kv()
+            kv = self._context_kv()
             h = m.forward_block(x, kv, n - 1)[:, 1:]
             logits = m.slot_logits(h, tgt.get_output_embeddings())
         return logits[0].float()
@@ -686,7 +696,7 @@ class DFlashDrafter(Drafter):
 
     def propose(self, ctx: DraftContext) -> Draft:
         n = len(ctx.tokens)
-        self._crop(n - 1)
+        self._ctx.crop(n - 1)
         if self.context_len != n - 1:
             raise RuntimeError(f"dflash context cache holds {self.context_len} positions but "
                                f"{n - 1} are committed (was observe() skipped?)")
@@ -712,7 +722,7 @@ class DFlashDrafter(Drafter):
         rows = list(feedback.kept_rows if feedback.kept_rows is not None else [0])
         rows = rows[:len(rnd.committed)]  # an EOS / budget cut commits fewer tokens
         start = int(rnd.start) - 1        # position of the verify input's row 0
-        self._crop(start)
+        self._ctx.crop(start)
         self._append(feedback.hidden_states, rows, start)
 
     def config(self) -> dict[str, Any]:
@@ -723,3 +733,8 @@ class DFlashDrafter(Drafter):
                 "mask": "learned" if self.model.learned_mask else int(self.model.mask_token_id),
                 "draft_vocab_size": None if self.model.draft_vocab is None
                 else int(self.model.draft_vocab.numel())}
+
+
+SPECS = (MethodSpec("dflash", DFlashDrafter, "DFlash", "DFlash: block-diffusion drafter on the "
+                    "target's hidden states (bundled for the embedded model)", kind="learned",
+                    needs_target=True, params=tuple(PARAMS.values())),)

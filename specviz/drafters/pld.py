@@ -9,8 +9,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import SettingsError
 from .base import Draft, DraftContext, Drafter
+from .registry import MethodSpec, ParamSpec, params_by_name
+
+PARAMS = params_by_name(
+    ParamSpec("max_matching_ngram_size", int, 2, range=(1, 16), label="Longest n-gram to match",
+              help="PLD looks for the last n tokens (n from this value down to 1) earlier in "
+                   "prompt + output."),
+    ParamSpec("num_output_tokens", int, 10, range=(1, 128), label="Draft length",
+              help="How many tokens after the match are copied as the draft (the most a round "
+                   "can accept)."),
+)
 
 
 class PLDDrafter(Drafter):
@@ -18,12 +27,9 @@ class PLDDrafter(Drafter):
 
     def __init__(self, max_matching_ngram_size: int = 2, num_output_tokens: int = 10,
                  eos_token_ids: set[int] | None = None):
-        if not 1 <= int(max_matching_ngram_size) <= 16:
-            raise SettingsError("max_matching_ngram_size must be between 1 and 16")
-        if not 1 <= int(num_output_tokens) <= 128:
-            raise SettingsError("num_output_tokens must be between 1 and 128")
-        self.max_matching_ngram_size = int(max_matching_ngram_size)
-        self.num_output_tokens = int(num_output_tokens)
+        self.max_matching_ngram_size = PARAMS["max_matching_ngram_size"].check(
+            max_matching_ngram_size)
+        self.num_output_tokens = PARAMS["num_output_tokens"].check(num_output_tokens)
         self.eos_token_ids = set(eos_token_ids or ())
 
     def begin(self, target, prompt_ids, prefill_hidden=None):
@@ -54,3 +60,7 @@ class PLDDrafter(Drafter):
                     "match": {"kind": "lexical", "ngram": n, "span": [int(idx), start],
                               "copy_from": [start, start + len(chosen)]}})
         return Draft(extras={"match": None})
+
+
+SPECS = (MethodSpec("pld", PLDDrafter, "PLD", "Prompt lookup decoding (transformers semantics)",
+                    params=tuple(PARAMS.values())),)

@@ -232,22 +232,16 @@ def sequence_loss(model, target, tokens, hidden, prompt_len: int, n_anchors: int
 @torch.no_grad()
 def simulated_tau_one(model, target, tokens: torch.Tensor, hidden: torch.Tensor,
                       prompt_len: int, block_size: int | None = None) -> tuple[int, int]:
-    """(new tokens, rounds) of greedy speculative decoding replayed along one fixed rollout."""
-    B = int(block_size or model.block_size)
-    T = int(tokens.shape[0])
-    ctx = sequence_context(model, hidden, T)
-    n, rounds = prompt_len, 0
-    while n < T:
-        k = min(B - 1, T - n - 1)  # Session clips the draft to budget - 1
-        acc = 0
-        if k > 0:
-            lg = anchor_logits(model, target, tokens, hidden, torch.tensor([n - 1]), ctx)
-            draft = lg[0, :k].argmax(-1).cpu()
-            same = (draft == tokens[n:n + k]).long()
-            acc = int(same.cumprod(0).sum())
-        n += acc + 1
-        rounds += 1
-    return T - prompt_len, rounds
+    """(new tokens, rounds) of greedy speculative decoding replayed along one fixed rollout
+    (:func:`specviz.analysis.replay.replay`: exact for greedy, no target forward)."""
+    from ..analysis.replay import Rollout, replay
+    from ..drafters.dflash import DFlashDrafter
+
+    drafter = DFlashDrafter(target, model=model, block_size=block_size or None)
+    rollout = Rollout(tokens.tolist(), int(prompt_len), hidden,
+                      [i + 1 for i in model.target_layer_ids])
+    trace = replay(drafter, rollout, target, eos_token_ids=set(), token_texts=False)
+    return trace.new_tokens, trace.num_rounds
 
 
 def simulated_tau(model, target, rollouts: RolloutSet, limit: int | None = None,

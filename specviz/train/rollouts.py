@@ -74,7 +74,7 @@ def parse_layers(spec: str | None, num_layers: int, k: int = 5) -> list[int]:
 
 
 def _cache_kwarg(model) -> str:
-    from ..engine import _cache_kwarg as ck
+    from ..kvcache import cache_kwarg as ck
 
     return ck(model)
 
@@ -229,6 +229,13 @@ class RolloutSet:
         toks = f.get_tensor(r["name"] + ".tokens").long()
         hid = f.get_tensor(r["name"] + ".hidden")
         return toks, hid, int(r["prompt_len"])
+
+    def rollout(self, i: int):
+        """Rollout ``i`` as an offline-replay record (:class:`specviz.analysis.replay.Rollout`)."""
+        from ..analysis.replay import Rollout
+
+        toks, hid, p = self.load(i)
+        return Rollout(toks.tolist(), p, hid, [j + 1 for j in self.meta["target_layer_ids"]])
 
 
 def make_rollouts(target, items: list, out: str | Path, max_new_tokens: int = 256,

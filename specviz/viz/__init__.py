@@ -8,8 +8,9 @@ from .charts import (confidence_calibration, fig_accepted_hist, fig_compare,
                      fig_slot_confidence, has_confidence, slot_confidences)
 from .stats import (PositionStat, SpeedupEstimate, accepted_lengths, draft_depth, live_metrics,
                     position_acceptance, round_kind, speedup_estimate, trace_prefix)
-from .tables import (CompareRun, compare_runs_table, compare_summary_table, describe_extras,
-                     join_tokens, position_table, rounds_table, to_csv_bytes)
+from .rounds import RoundNotes, round_summary_html
+from .tables import (CompareRun, compare_runs_table, compare_summary_table, compare_verdict,
+                     describe_extras, join_tokens, position_table, rounds_table, to_csv_bytes)
 from .tokens import (KIND_LABELS, TOKEN_CSS, TokenView, legend_html, round_views, token_views,
                      tokens_html, visible_text)
 
@@ -19,8 +20,9 @@ __all__ = [
     "slot_confidences",
     "PositionStat", "SpeedupEstimate", "accepted_lengths", "draft_depth", "live_metrics",
     "position_acceptance", "round_kind", "speedup_estimate", "trace_prefix",
-    "CompareRun", "compare_runs_table", "compare_summary_table", "describe_extras", "join_tokens",
-    "position_table", "rounds_table", "to_csv_bytes",
+    "RoundNotes", "round_summary_html",
+    "CompareRun", "compare_runs_table", "compare_summary_table", "compare_verdict",
+    "describe_extras", "join_tokens", "position_table", "rounds_table", "to_csv_bytes",
     "KIND_LABELS", "TOKEN_CSS", "TokenView", "legend_html", "round_views", "token_views",
     "tokens_html", "visible_text",
 ]

@@ -17,8 +17,8 @@ Functions:
   spans (classes ``m-lex`` / ``m-sem``, opacity and a badge from the score), the looked-up suffix
   (``m-suffix``) and the copied continuations (``m-copy``) marked; :func:`context_tokens` gives
   the same as records.
-* :func:`node_status` — accepted / rejected / unreached for every draft node;
-  :func:`branch_tree_figure` — the draft tree in Plotly (a chain is a one-branch tree).
+* :func:`branch_tree_figure` — the draft tree (:mod:`specviz.viz.tree`) with each node's
+  branch of origin (a chain is a one-branch tree).
 * :func:`retrieval_counts`, :func:`retrieval_table`, :func:`fig_retrieval` — retrieval kinds over
   the run.
 """
@@ -31,10 +31,17 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..analysis import metrics
+from ..drafters import AdaPLDDrafter, methods_of
 from ..trace import Round, Trace
+from .rounds import RoundNotes
+from .rounds import round_summary_html as _round_sentence
+from .tables import join_tokens
+from . import tree as vt
 from .tokens import visible_text
 
-ADAPLD_METHODS = ("adapld", "adapld_sem", "adapld_lex")
+#: the registered methods AdaPLD builds (the full method and its ablations)
+ADAPLD_METHODS = methods_of(AdaPLDDrafter)
 #: ablation ladder shown on the page: method -> label
 ABLATION_LABELS = {
     "ar": "AR (plain decoding, baseline)",
@@ -55,17 +62,6 @@ RETRIEVAL_COLORS = {"lexical": "#2563eb", "semantic": "#9333ea", "none": "#94a3b
 SOURCE_LABELS = {"lex1": "lexical, 1-gram", "lex2": "lexical, 2-gram",
                  "lex3": "lexical, n >= 3", "sem": "semantic, aligned on the last token",
                  "semfree": "semantic, free: no shared token"}
-STATUS_COLORS = {  # box fill, border (token colours of specviz.viz.tokens)
-    "accepted": ("#d1fae5", "#059669"),
-    "rejected": ("#fee2e2", "#dc2626"),
-    "unreached": ("#f8fafc", "#cbd5e1"),
-    "root": ("#e2e8f0", "#334155"),
-    "correction": ("#fef3c7", "#d97706"),
-    "bonus": ("#dbeafe", "#2563eb"),
-}
-STATUS_LABELS = {"accepted": "accepted", "rejected": "rejected (tried, target disagreed)",
-                 "unreached": "not reached (below a rejected node)",
-                 "root": "root: last committed token"}
 _RGB = {"lexical": (37, 99, 235), "semantic": (147, 51, 234)}
 _FONT = dict(family="Inter, system-ui, sans-serif", size=12, color="#1e293b")
 
@@ -80,14 +76,6 @@ def is_adapld_trace(trace: Trace | None) -> bool:
     return any(isinstance(r.extras, dict) and "retrieval" in r.extras for r in trace.rounds)
 
 
-def is_sampling(trace: Trace) -> bool:
-    settings = trace.meta.get("settings") or {}
-    try:
-        return float(settings.get("temperature") or 0.0) > 0.0
-    except (TypeError, ValueError):
-        return False
-
-
 def round_context(trace: Trace, round_index: int) -> list[int]:
     """The context the drafter saw in round ``round_index``: prompt + everything committed before
     it (absolute positions, as in the extras)."""
@@ -97,62 +85,11 @@ def round_context(trace: Trace, round_index: int) -> list[int]:
     return ctx
 
 
-def _parents(r: Round) -> list[int]:
-    if r.parents is not None:
-        return [int(p) for p in r.parents]
-    return list(range(-1, len(r.draft) - 1))
-
-
-def _path(r: Round) -> list[int]:
-    n = len(r.draft)
-    if r.parents is not None:
-        return [int(x) for x in r.accepted_path if 0 <= int(x) < n]
-    return list(range(min(int(r.accepted), n)))
-
-
-def node_depths(r: Round) -> list[int]:
-    """Depth of each draft node (the root's children have depth 1)."""
-    d: list[int] = []
-    for p in _parents(r):
-        d.append(1 if p < 0 or p >= len(d) else d[p] + 1)
-    return d
-
-
-def node_status(r: Round, sampling: bool = False) -> list[str]:
-    """``accepted`` / ``rejected`` / ``unreached`` for every draft node of round ``r``.
-
-    Accepted: on the accepted path (a tree's ``accepted_path``; the first ``accepted`` tokens of
-    a chain). Rejected: a child of the root or of an accepted node that is not accepted itself —
-    the target reached its position and disagreed (for a chain: the first token after the
-    accepted prefix). Unreached: every node below a rejected one (never checked). With
-    ``sampling=True`` children are tried in order (SpecInfer), so siblings listed after the
-    accepted child were never tried and count as unreached."""
-    parents = _parents(r)
-    path = _path(r)
-    on_path = set(path)
-    tried = {-1} | on_path
-    accepted_child = {}
-    for node in path:
-        accepted_child[parents[node]] = node
-    out = []
-    for i, p in enumerate(parents):
-        if i in on_path:
-            out.append("accepted")
-        elif p in tried and not (sampling and p in accepted_child and i > accepted_child[p]):
-            out.append("rejected")
-        else:
-            out.append("unreached")
-    return out
-
-
 def node_branches(r: Round) -> list[int | None]:
     """For every draft node: the branch (hypothesis) that created it — the best-ranked branch
     whose tokens pass through it (branch 0 = the best-ranked match) — or None when unknown."""
-    parents = _parents(r)
-    children: dict[int, list[int]] = {}
-    for i, p in enumerate(parents):
-        children.setdefault(p, []).append(i)
-    out: list[int | None] = [None] * len(parents)
+    children = r.tree.children_map()
+    out: list[int | None] = [None] * len(r.draft)
     matches = [m for m in _matches(r) if m.get("branch") is not None]
     for m in sorted(matches, key=lambda m: int(m["branch"])):
         cur = -1
@@ -400,7 +337,7 @@ def context_spans_html(trace: Trace, round_index: int, collapse: int | None = No
     if show_draft:
         kind = retrieval_kind(r)
         if r.draft:
-            parents = _parents(r)
+            parents = r.tree.parents
             first = [0]
             while first[-1] + 1 < len(parents) and parents[first[-1] + 1] == first[-1]:
                 first.append(first[-1] + 1)
@@ -470,233 +407,65 @@ def matches_table(trace: Trace, round_index: int) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-def round_summary_html(trace: Trace, round_index: int) -> str:
-    """One sentence about what the AdaPLD drafter did in a round and how it went."""
-    if not 0 <= round_index < len(trace.rounds):
-        return ""
+def retrieval_notes(trace: Trace, round_index: int) -> RoundNotes:
+    """AdaPLD's parts of a round's sentence: the retrieval kind and source, the looked-up
+    suffix, the matches, the draft's shape (chain / tree) and the adaptive control's state."""
     r = trace.rounds[round_index]
     ex = r.extras or {}
-    texts = trace.token_texts
-    esc = lambda ids: html.escape("".join(texts.get(int(t), f"<{t}>") for t in ids)  # noqa
-                                  .replace("\n", "↵"))
+    esc = lambda ids: html.escape(join_tokens(ids, trace.token_texts))  # noqa: E731
     kind = retrieval_kind(r)
-    color = RETRIEVAL_COLORS.get(kind, "#64748b")
     src = ex.get("source")
-    parts = [f"<b>Round {r.index + 1}</b>",
-             f'<span style="color:#fff;background:{color};border-radius:4px;padding:0 6px">'
-             f"{html.escape(kind)}</span>"
-             + (f" <code>{html.escape(str(src))}</code>" if src else "")]
+    label = (f'<span style="color:#fff;background:{RETRIEVAL_COLORS.get(kind, "#64748b")};'
+             f'border-radius:4px;padding:0 6px">{html.escape(kind)}</span>'
+             + (f" <code>{html.escape(str(src))}</code>" if src else ""))
+    draft = []
     sf = _span(ex.get("suffix"))
     if sf:
         ctx = round_context(trace, round_index)
-        parts.append(f"looked up the suffix <code>{esc(ctx[sf[0]:sf[1]])}</code>")
+        draft.append(f"looked up the suffix <code>{esc(ctx[sf[0]:sf[1]])}</code>")
     ms = _matches(r)
     if ms:
         used = sum(m.get("branch") is not None for m in ms)
-        parts.append(f"{len(ms)} match(es) shown, {used} drafted")
+        draft.append(f"{len(ms)} match(es) shown, {used} drafted")
     if r.draft:
-        shape = (f"tree: {ex.get('branches', '?')} branches, {len(r.draft)} nodes"
-                 if r.parents is not None else f"chain of {len(r.draft)}")
-        parts.append(shape + (" (probe)" if ex.get("probe") else ""))
-        parts.append(f"accepted <b>{r.accepted}</b>")
-        tt = r.target_token
-        if tt >= 0:
-            label = "bonus" if r.accepted >= max(node_depths(r), default=0) else "correction"
-            parts.append(f"target's {label}: <code>{esc([tt])}</code>")
-    else:
-        why = {"none": "no match in the context", "off": "the source is paused (adaptive "
-               "control) until its next probe"}.get(kind, "no draft")
-        parts.append(f"no draft ({why}); the target generated <code>{esc(r.committed[:1])}"
-                     "</code> itself")
+        draft.append((f"tree: {ex.get('branches', '?')} branches, {len(r.draft)} nodes"
+                      if r.parents is not None else f"chain of {len(r.draft)}")
+                     + (" (probe)" if ex.get("probe") else ""))
+    tail = []
     alpha = ex.get("alpha")
     if isinstance(alpha, (list, tuple)) and len(alpha) == 2:
-        parts.append(f"estimates a1={float(alpha[0]):.2f}, a2={float(alpha[1]):.2f}")
+        tail.append(f"estimates a1={float(alpha[0]):.2f}, a2={float(alpha[1]):.2f}")
     if ex.get("fallback_reason"):
-        parts.append(f"<i>{html.escape(str(ex['fallback_reason']))}</i>")
-    return ('<div class="adapld-summary" style="font-size:0.9rem;color:#1e293b;background:#f8fafc;'
-            'border:1px solid #e2e8f0;border-radius:0.5rem;padding:0.45rem 0.7rem;'
-            'margin:0.3rem 0 0.6rem 0;">' + " · ".join(parts) + "</div>")
+        tail.append(f"<i>{html.escape(str(ex['fallback_reason']))}</i>")
+    no_draft = {"none": "no match in the context", "off": "the source is paused (adaptive "
+                "control) until its next probe"}.get(kind, "")
+    return RoundNotes(label=label, draft=draft, no_draft=no_draft, tail=tail,
+                      css_class="adapld-summary")
+
+
+def round_summary_html(trace: Trace, round_index: int) -> str:
+    """One sentence about what the AdaPLD drafter did in a round and how it went (the common
+    round sentence, :func:`specviz.viz.rounds.round_summary_html`, plus the retrieval)."""
+    if not 0 <= round_index < len(trace.rounds):
+        return ""
+    return _round_sentence(trace, round_index, retrieval_notes(trace, round_index))
 
 
 # ---------------------------------------------------------------- branch tree
-def tree_layout(r: Round) -> tuple[list[int], list[float]]:
-    """(x = depth, y = row) for every draft node: leaves take consecutive rows in depth-first
-    order (the best-ranked branch first, on top), a parent sits level with its first child."""
-    parents = _parents(r)
-    children: dict[int, list[int]] = {}
-    for i, p in enumerate(parents):
-        children.setdefault(p, []).append(i)
-    depth = node_depths(r)
-    y: list[float] = [0.0] * len(parents)
-    row = [0]
-
-    def place(node: int) -> float:
-        kids = children.get(node, [])
-        if not kids:
-            yy = float(row[0])
-            row[0] += 1
-        else:
-            ys = [place(c) for c in kids]
-            yy = ys[0]
-        if node >= 0:
-            y[node] = yy
-        return yy
-
-    place(-1)  # recursion depth <= draft depth (max_draft <= 64)
-    return depth, y
-
-
-def _short(text: str, n: int = 14) -> str:
-    s = text.replace("\n", "↵").replace("\t", "⇥").replace("\r", "")
-    if s == "":
-        s = "∅"
-    if s.strip() == "":
-        s = s.replace(" ", "␣")
-    return s if len(s) <= n else s[:n - 1] + "…"
-
-
 def branch_tree_figure(trace: Trace, round_index: int, show_target: bool = True) -> go.Figure:
-    """The round's draft as a tree (Plotly): nodes are draft tokens (boxes with their text),
-    edges parent → child, the root is the last committed token. Colours: accepted (green, its
-    path drawn bold), rejected (red), not reached (grey). The target's own token (correction or
-    bonus) hangs off the last accepted node on a dotted edge. A chain is a one-branch tree."""
-    fig = go.Figure()
+    """The round's draft tree (:func:`specviz.viz.tree.branch_tree_figure`) with AdaPLD's
+    notes: each node's branch of origin on hover, the retrieval kind in the title."""
     if not 0 <= round_index < len(trace.rounds):
-        return _tree_layout(fig, "No such round", 1, 1, 200)
+        return vt.branch_tree_figure(trace, round_index)
     r = trace.rounds[round_index]
-    texts = trace.token_texts
-    ctx = round_context(trace, round_index)
-    root_tok = ctx[-1] if ctx else None
-    parents = _parents(r)
-    n = len(parents)
-    status = node_status(r, sampling=is_sampling(trace))
-    branches = node_branches(r)
-    depth, ys = tree_layout(r)
-    rows = (max(ys) + 1) if ys else 1
-    path = _path(r)
-    on_path = set(path)
-    last = path[-1] if path else -1
-    xs = [float(d) for d in depth]
-    y_of = lambda node: 0.0 if node < 0 else ys[node]  # noqa: E731
-    x_of = lambda node: 0.0 if node < 0 else xs[node]  # noqa: E731
-
-    # edges: plain, accepted path (bold)
-    ex_, ey_, ax_, ay_ = [], [], [], []
-    for i, p in enumerate(parents):
-        seg_x, seg_y = [x_of(p), x_of(p) + 0.5, x_of(p) + 0.5, xs[i], None], \
-            [y_of(p), y_of(p), ys[i], ys[i], None]
-        if i in on_path and (p < 0 or p in on_path):
-            ax_ += seg_x
-            ay_ += seg_y
-        else:
-            ex_ += seg_x
-            ey_ += seg_y
-    fig.add_scatter(x=ex_, y=ey_, mode="lines", line=dict(color="#94a3b8", width=1.5),
-                    hoverinfo="skip", showlegend=False)
-    fig.add_scatter(x=ax_, y=ay_, mode="lines", line=dict(color="#059669", width=5),
-                    hoverinfo="skip", name="accepted path", showlegend=bool(ax_))
-
-    # the target's own token
-    tgt = None
-    tt = r.target_token
-    if show_target and tt >= 0:
-        kind = "bonus" if r.draft and r.accepted >= max(depth, default=0) else \
-            ("correction" if r.draft else "bonus")
-        label = "target's token (no draft)" if not r.draft else f"target's {kind} token"
-        tx = x_of(last) + 1
-        kids_of_last = [i for i, p in enumerate(parents) if p == last]
-        ty = y_of(last) if not kids_of_last else float(rows)
-        if kids_of_last:
-            rows += 1
-        tgt = (tx, ty, kind, label)
-        fig.add_scatter(x=[x_of(last), x_of(last) + 0.5, x_of(last) + 0.5, tx],
-                        y=[y_of(last), y_of(last), ty, ty], mode="lines",
-                        line=dict(color=STATUS_COLORS[kind][1], width=2, dash="dot"),
-                        hoverinfo="skip", showlegend=False)
-
-    # hover markers (under the boxes) and legend entries
-    def node_hover(i: int) -> str:
-        tok = int(r.draft[i])
-        lines = [f"node {i} · depth {depth[i]} · {STATUS_LABELS[status[i]]}",
-                 f"token {tok}: {texts.get(tok, '')!r}"]
-        if branches[i] is not None:
-            lines.append(f"from branch {branches[i]}" + (" (best-ranked)" if branches[i] == 0
-                                                         else ""))
-        if i < len(r.p_draft):
-            lines.append(f"target prob of this token: {float(r.p_draft[i]):.3f}")
-        row = (parents[i] + 1) if r.parents is not None else i
-        if status[i] == "rejected" and row < len(r.target_argmax):
-            want = int(r.target_argmax[row])
-            lines.append(f"target's top token here: {texts.get(want, '')!r}")
-        return "<br>".join(html.escape(s) for s in lines)
-
-    for st_ in ("accepted", "rejected", "unreached"):
-        idx = [i for i in range(n) if status[i] == st_]
-        fill, line = STATUS_COLORS[st_]
-        fig.add_scatter(
-            x=[xs[i] for i in idx] or [None], y=[ys[i] for i in idx] or [None], mode="markers",
-            marker=dict(symbol="square", size=16, color=fill, line=dict(color=line, width=2)),
-            name=f"{STATUS_LABELS[st_].split(' (')[0]} ({len(idx)})",
-            hovertext=[node_hover(i) for i in idx], hoverinfo="text",
-            showlegend=True)
-    fig.add_scatter(x=[0.0], y=[0.0], mode="markers", showlegend=False, hoverinfo="text",
-                    hovertext=[html.escape(f"root: last committed token "
-                                           f"{texts.get(root_tok, '')!r} (position "
-                                           f"{len(ctx) - 1})")],
-                    marker=dict(symbol="square", size=16, color=STATUS_COLORS["root"][0]))
-    if tgt is not None:
-        fill, line = STATUS_COLORS[tgt[2]]
-        fig.add_scatter(x=[tgt[0]], y=[tgt[1]], mode="markers", name=tgt[3],
-                        marker=dict(symbol="square", size=16, color=fill,
-                                    line=dict(color=line, width=2)),
-                        hoverinfo="text",
-                        hovertext=[html.escape(f"{tgt[3]}: {texts.get(tt, '')!r}")])
-
-    # token boxes
-    def box(x, y, text, fill, line, width=1.5, bold=False):
-        fig.add_annotation(x=x, y=y, text=("<b>%s</b>" % html.escape(text)) if bold
-                           else html.escape(text), showarrow=False, bgcolor=fill,
-                           bordercolor=line, borderwidth=width, borderpad=4,
-                           font=dict(family="ui-monospace, Menlo, Consolas, monospace", size=12,
-                                     color="#0f172a"))
-
-    box(0.0, 0.0, _short(texts.get(root_tok, "") if root_tok is not None else "root"),
-        *STATUS_COLORS["root"], width=2)
-    for i in range(n):
-        fill, line = STATUS_COLORS[status[i]]
-        box(xs[i], ys[i], _short(texts.get(int(r.draft[i]), f"<{r.draft[i]}>")), fill, line,
-            width=2.5 if status[i] == "accepted" else 1.5, bold=status[i] == "accepted")
-    if tgt is not None:
-        fill, line = STATUS_COLORS[tgt[2]]
-        box(tgt[0], tgt[1], _short(texts.get(tt, f"<{tt}>")), fill, line, width=2)
-
+    notes = [None if b is None else f"from branch {b}" + (" (best-ranked)" if b == 0 else "")
+             for b in node_branches(r)]
     kind = retrieval_kind(r)
-    if not r.draft:
-        why = {"none": "no match", "off": "retrieval paused by the adaptive control"}.get(
-            kind, "no draft")
-        fig.add_annotation(text=f"No draft this round ({why}): the target made one token",
-                           x=0.5, y=1.0 if rows <= 1 else 0.5, xref="x domain", yref="paper",
-                           showarrow=False, font=dict(size=12, color="#64748b"), yanchor="top")
-    shape = "tree" if r.parents is not None else "chain"
-    title = (f"Round {r.index + 1}: draft {shape} · {n} node{'s' if n != 1 else ''}"
-             f" · {len(path)} accepted" + (f" · {kind}" if kind in RETRIEVAL_KINDS else ""))
-    max_x = max([0.0] + xs + ([tgt[0]] if tgt else []))
-    return _tree_layout(fig, title, max_x, rows, max(220, 70 + 48 * rows))
-
-
-def _tree_layout(fig: go.Figure, title: str, max_x: float, rows: float, height: int
-                 ) -> go.Figure:
-    fig.update_layout(
-        title=dict(text=title, x=0.0, xanchor="left", font=dict(size=14)),
-        template="plotly_white", height=height, font=_FONT,
-        margin=dict(l=20, r=20, t=70, b=20), hovermode="closest",
-        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0,
-                    font=dict(size=11)),
-        plot_bgcolor="#ffffff")
-    # at least 9 columns, so short drafts keep the spacing of long ones instead of stretching
-    fig.update_xaxes(visible=False, range=[-0.6, max(max_x, 8.0) + 0.6])
-    fig.update_yaxes(visible=False, range=[rows - 0.4, -0.6])  # first branch on top
-    return fig
+    why = {"none": "no match", "off": "retrieval paused by the adaptive control"}.get(
+        kind, "no draft")
+    return vt.branch_tree_figure(trace, round_index, show_target, node_notes=notes,
+                                 subtitle=f" · {kind}" if kind in RETRIEVAL_KINDS else "",
+                                 empty_note=why)
 
 
 # ---------------------------------------------------------------- retrieval over the run
@@ -737,7 +506,7 @@ def retrieval_table(trace: Trace) -> pd.DataFrame:
                     "rounds": d["rounds"], "drafted": d["drafted"], "accepted": d["accepted"],
                     "first_token_hit": round(d["first_hits"] / d["drafted_rounds"], 3)
                     if d["drafted_rounds"] else None,
-                    "tau": round((d["accepted"] + d["rounds"]) / d["rounds"], 3),
+                    "tau": round(metrics.tau(d["committed"], d["rounds"]), 3),
                     "tree_rounds": d["tree_rounds"]})
     return pd.DataFrame(out, columns=["source", "kind", "what", "rounds", "drafted", "accepted",
                                       "first_token_hit", "tau", "tree_rounds"])
@@ -799,29 +568,8 @@ def ablation_table(runs: list) -> pd.DataFrame:
     return summary[cols].reset_index(drop=True)
 
 
-#: sidebar help for the AdaPLD settings (specviz.drafters.METHOD_PARAMS); ranges are the
-#: drafter's own checks
-PARAM_HELP = {
-    "max_ngram": "Longest suffix n-gram looked up (1-16). The longest one found earlier in "
-                 "prompt + output wins.",
-    "min_ngram": "Shortest suffix n-gram looked up (1..max ngram).",
-    "max_draft": "Longest draft (tokens in the best branch, 1-64); the adaptive control picks "
-                 "the length up to this.",
-    "max_branches": "Most hypotheses merged into the draft tree (1-16); 1 = always a chain.",
-    "node_budget": "Most nodes in a draft tree (1-256): all branches together, verified in one "
-                   "target forward.",
-    "semantic": "Semantic retrieval when lexical matching finds < 2 tokens: target_embed "
-                "(the target's own embeddings, free), minilm (needs the MiniLM package) or off.",
-    "window": "Tokens per window compared by semantic retrieval (2-64).",
-    "adaptive": "Adapt draft length and branch count to the recent acceptance of each retrieval "
-                "source, and pause sources that do not pay.",
-    "cost": "Verify-cost model for the adaptive control: cpu (longer drafts cost more) or flat "
-            "(accelerators).",
-}
-
-
 __all__ = ["ADAPLD_METHODS", "ABLATION_LABELS", "RETRIEVAL_KINDS", "ContextToken",
            "ablation_table", "branch_tree_figure", "context_legend_html", "context_spans_html",
            "context_tokens", "fig_retrieval", "is_adapld_trace", "matches_table", "node_branches",
-           "node_depths", "node_status", "retrieval_counts", "retrieval_kind", "retrieval_table",
-           "round_context", "round_summary_html", "tree_layout", "PARAM_HELP"]
+           "retrieval_counts", "retrieval_kind", "retrieval_table",
+           "round_context", "round_summary_html", "retrieval_notes"]

@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..trace import Trace
-from .stats import accepted_lengths, position_acceptance, round_kind
+from .stats import accepted_lengths, position_acceptance
 from .tokens import CHART_COLORS
 
 _FONT = dict(family="Inter, system-ui, sans-serif", size=12, color="#1e293b")
@@ -35,7 +35,7 @@ def fig_round_lengths(trace: Trace, selected_round: int | None = None) -> go.Fig
     acc = [r.accepted for r in rounds]
     has_tgt = [len(r.committed) > r.accepted for r in rounds]
     rej = [len(r.rejected_suffix) for r in rounds]
-    kinds = [round_kind(r) for r in rounds]
+    kinds = [r.kind for r in rounds]
     fig = go.Figure()
     fig.add_bar(x=x, y=acc, name="accepted", marker_color=CHART_COLORS["accepted"],
                 hovertemplate="round %{x}: %{y} accepted<extra></extra>")
@@ -130,12 +130,6 @@ def has_confidence(trace: Trace) -> bool:
     return any(slot_confidences(r) for r in trace.rounds)
 
 
-def _slot_state(r, k: int) -> str:
-    if k < r.accepted:
-        return "accepted"
-    return "rejected" if k == r.accepted else "not reached"
-
-
 def fig_slot_confidence(trace: Trace, round_index: int) -> go.Figure:
     """One round: the drafter's confidence in each draft slot, coloured by what the target did
     with it (accepted / first rejected / after the rejection), with the target's probability of
@@ -146,12 +140,12 @@ def fig_slot_confidence(trace: Trace, round_index: int) -> go.Figure:
     r = trace.rounds[round_index] if 0 <= round_index < len(trace.rounds) else None
     conf = slot_confidences(r) if r is not None else []
     if conf:
-        colors = {"accepted": CHART_COLORS["accepted"], "rejected": CHART_COLORS["rejected"],
+        colors = {"accepted": CHART_COLORS["accepted"], "first rejected": CHART_COLORS["rejected"],
                   "not reached": "#cbd5e1"}
-        states = [_slot_state(r, k) for k in range(len(conf))]
+        states = [s.replace("_", " ") for s in r.node_status()[:len(conf)]]
         words = [join_tokens([t], trace.token_texts) for t in r.draft[:len(conf)]]
         x = list(range(1, len(conf) + 1))
-        for state in ("accepted", "rejected", "not reached"):
+        for state in ("accepted", "first rejected", "not reached"):
             idx = [i for i, s in enumerate(states) if s == state]
             if not idx:
                 continue

@@ -1,6 +1,6 @@
 """Statistics shown by the app, computed from a :class:`~specviz.trace.Trace` only.
 
-Speculative decoding §0: tau = mean(accepted + 1) over rounds, one target forward per round.
+Speculative decoding §0; tau and target forwards are defined once in specviz.analysis.metrics.
 Everything here is a pure function of the trace, so an uploaded trace shows the same numbers
 as the live run that produced it.
 """
@@ -21,24 +21,13 @@ def trace_prefix(trace: Trace, n_rounds: int | None) -> Trace:
 
 
 def draft_depth(r: Round) -> int:
-    """How deep the draft goes: its length for a chain, the deepest node for a tree."""
-    if not r.draft:
-        return 0
-    if r.parents is None:
-        return len(r.draft)
-    depth: list[int] = []
-    for p in r.parents:
-        depth.append(1 if p < 0 else depth[p] + 1)
-    return max(depth)
+    """Deprecated alias of :attr:`Round.draft_depth` (kept for callers outside specviz)."""
+    return r.draft_depth
 
 
 def round_kind(r: Round) -> str:
-    """``nodraft`` (a plain decoding step), ``bonus`` (whole draft accepted) or ``correction``."""
-    if not r.draft:
-        return "nodraft"
-    if r.accepted >= draft_depth(r):
-        return "bonus"
-    return "correction"
+    """Deprecated alias of :attr:`Round.kind` (kept for callers outside specviz)."""
+    return r.kind
 
 
 def accepted_lengths(trace: Trace) -> list[int]:
@@ -64,7 +53,7 @@ def position_acceptance(trace: Trace) -> list[PositionStat]:
     1..k-1 were all accepted; it is *accepted* when the round accepted at least k tokens.
     Rounds without a draft contribute nothing.
     """
-    depths = [draft_depth(r) for r in trace.rounds]
+    depths = [r.draft_depth for r in trace.rounds]
     max_k = max(depths, default=0)
     out = []
     for k in range(1, max_k + 1):

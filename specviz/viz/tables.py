@@ -7,6 +7,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from ..analysis import metrics
+from ..analysis.lossless import compare_outputs
 from ..trace import Round, Trace
 from .stats import position_acceptance, round_kind
 
@@ -94,14 +96,22 @@ class CompareRun:
     wall_s: float  # prefill + decode, measured around the whole run
 
 
+def _greedy(trace: Trace) -> bool:
+    return float((trace.meta.get("settings") or {}).get("temperature", 0.0) or 0.0) == 0
+
+
+def _round(x: float | None, nd: int) -> float | None:
+    return None if x is None else round(x, nd)
+
+
 def compare_runs_table(runs: list[CompareRun], baseline: str = "ar") -> pd.DataFrame:
     """Per prompt and method: tau, forwards, wall time, speedup vs the baseline of that prompt,
-    and whether the output equals the baseline's token for token."""
+    and whether the output equals the baseline's token for token (specviz.analysis.metrics)."""
     base = {r.prompt_id: r for r in runs if r.method == baseline}
     rows = []
     for r in runs:
         b = base.get(r.prompt_id)
-        greedy = float((r.trace.meta.get("settings") or {}).get("temperature", 0.0) or 0.0) == 0
+        greedy = _greedy(r.trace)
         rows.append({
             "prompt": r.prompt_id,
             "title": r.prompt_title,
@@ -110,8 +120,8 @@ def compare_runs_table(runs: list[CompareRun], baseline: str = "ar") -> pd.DataF
             "target_forwards": r.trace.target_forwards,
             "tau": round(r.trace.tau, 3),
             "wall_s": round(r.wall_s, 3),
-            "tokens_per_s": round(r.trace.new_tokens / r.wall_s, 2) if r.wall_s > 0 else None,
-            "speedup_vs_ar": round(b.wall_s / r.wall_s, 3) if b and r.wall_s > 0 else None,
+            "tokens_per_s": _round(metrics.tokens_per_s(r.trace.new_tokens, r.wall_s), 2),
+            "speedup_vs_ar": _round(metrics.speedup(b.wall_s if b else None, r.wall_s), 3),
             "identical_to_ar": (r.trace.output_ids == b.trace.output_ids)
             if (b is not None and greedy) else None,
         })
@@ -127,25 +137,35 @@ def compare_summary_table(runs: list[CompareRun], baseline: str = "ar") -> pd.Da
         return pd.DataFrame(columns=["method", "prompts", "new_tokens", "target_forwards", "tau",
                                      "wall_s", "tokens_per_s", "speedup_vs_ar",
                                      "identical_to_ar"])
-    base_wall = per.loc[per.method == baseline, "wall_s"].sum()
+    base_wall = sum(r.wall_s for r in runs if r.method == baseline)
     rows: list[dict[str, Any]] = []
     for method in dict.fromkeys(r.method for r in runs):
         sub = [r for r in runs if r.method == method]
-        p = per[per.method == method]
-        n_rounds = sum(r.trace.num_rounds for r in sub)
-        tau = sum(rr.accepted + 1 for r in sub for rr in r.trace.rounds) / n_rounds \
-            if n_rounds else 0.0
-        wall = float(p.wall_s.sum())
-        ident = p.identical_to_ar
+        ident = per[per.method == method].identical_to_ar
+        toks = sum(r.trace.new_tokens for r in sub)
+        forwards = sum(r.trace.target_forwards for r in sub)
+        wall = sum(r.wall_s for r in sub)
         rows.append({
             "method": method,
             "prompts": len(sub),
-            "new_tokens": int(p.new_tokens.sum()),
-            "target_forwards": int(p.target_forwards.sum()),
-            "tau": round(tau, 3),
+            "new_tokens": toks,
+            "target_forwards": forwards,
+            "tau": round(metrics.tau(toks, forwards), 3),
             "wall_s": round(wall, 3),
-            "tokens_per_s": round(p.new_tokens.sum() / wall, 2) if wall > 0 else None,
-            "speedup_vs_ar": round(base_wall / wall, 3) if wall > 0 and base_wall > 0 else None,
+            "tokens_per_s": _round(metrics.tokens_per_s(toks, wall), 2),
+            "speedup_vs_ar": _round(metrics.speedup(base_wall, wall), 3),
             "identical_to_ar": None if ident.isna().any() else bool(ident.all()),
         })
     return pd.DataFrame(rows)
+
+
+def compare_verdict(runs: list[CompareRun], target=None,
+                    baseline: str = "ar") -> metrics.LosslessVerdict:
+    """Lossless verdict of the Compare page: every other run vs the baseline run of its prompt
+    (greedy only). With ``target``, a differing run's first divergence is checked for a top-2
+    near-tie of the target's logits (one forward per differing run)."""
+    base = {r.prompt_id: r for r in runs if r.method == baseline}
+    reports = [compare_outputs(target, r.trace.prompt_ids, base[r.prompt_id].trace.output_ids,
+                               r.trace.output_ids)
+               for r in runs if r.method != baseline and r.prompt_id in base]
+    return metrics.lossless_verdict(reports, greedy=all(_greedy(r.trace) for r in runs))

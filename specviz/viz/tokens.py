@@ -19,7 +19,6 @@ import html
 from dataclasses import dataclass
 
 from ..trace import Round, Trace
-from .stats import round_kind
 
 KIND_LABELS = {
     "accepted": "accepted draft token",
@@ -77,63 +76,33 @@ def _get(lst, i):
     return v
 
 
-def _node_row(r: Round, node: int) -> int:
-    """Row of the verify forward whose output predicts draft node ``node``."""
-    if r.parents is None:
-        return node
-    return int(r.parents[node]) + 1
-
-
-def _rejected_nodes(r: Round) -> list[int]:
-    if r.parents is None:
-        return list(range(r.accepted, len(r.draft)))
-    on_path = set(r.accepted_path)
-    return [i for i in range(len(r.draft)) if i not in on_path]
-
-
-def _node_depth(r: Round, node: int) -> int:
-    if r.parents is None:
-        return node
-    d = 0
-    while node >= 0:
-        node = int(r.parents[node])
-        d += 1
-    return d - 1
-
-
 def round_views(r: Round, prompt_len: int, texts: dict[int, str], show_rejected: bool = True,
                 selected: bool = False) -> list[TokenView]:
     """The tokens of one round in reading order: accepted, rejected suffix, target token."""
-    kind = round_kind(r)
+    kind = r.kind
     out: list[TokenView] = []
     committed = list(r.committed)
-    path = list(r.accepted_path) if r.parents is not None else list(range(r.accepted))
+    path = r.path
+    depths = r.tree.depths
 
     def view(k, tid, pos, q=None, p=None, amax=None):
         return TokenView(kind=k, token_id=int(tid), text=texts.get(int(tid), f"<{tid}>"),
                          round=r.index, position=pos, output_index=pos - prompt_len, q=q, p=p,
                          target_argmax=amax, selected=selected)
 
-    n_acc = min(r.accepted, len(committed))
-    for j in range(n_acc):
-        node = path[j] if j < len(path) else j
-        out.append(view("accepted", committed[j], r.start + j, q=_get(r.q_draft, node),
-                        p=_get(r.p_draft, node),
-                        amax=_get(r.target_argmax, _node_row(r, node))))
+    def draft_view(k, node, pos):
+        return view(k, r.draft[node], pos, q=_get(r.q_draft, node), p=_get(r.p_draft, node),
+                    amax=_get(r.target_argmax, r.node_row(node)))
+
+    for j in range(min(r.accepted, len(committed), len(path))):
+        out.append(draft_view("accepted", path[j], r.start + j))
     if show_rejected:
-        for node in _rejected_nodes(r):
-            row = _node_row(r, node)
-            out.append(view("rejected", r.draft[node], r.start + _node_depth(r, node),
-                            q=_get(r.q_draft, node), p=_get(r.p_draft, node),
-                            amax=_get(r.target_argmax, row)))
+        for node in r.rejected_nodes:
+            out.append(draft_view("rejected", node, r.start + depths[node] - 1))
     if len(committed) > r.accepted:
         tid = committed[r.accepted]
-        if r.parents is None:
-            row = r.accepted
-        else:
-            row = (int(path[-1]) + 1) if path else 0
-        amax = _get(r.target_argmax, row)
-        p = _get(r.target_argmax_prob, row) if amax == tid else None
+        amax = _get(r.target_argmax, r.target_row)
+        p = _get(r.target_argmax_prob, r.target_row) if amax == tid else None
         out.append(view(kind, tid, r.start + r.accepted, p=p, amax=amax))
     return out
 

@@ -1,0 +1,138 @@
+"""The ONE definition of each headline metric (METHODS §0, ``../shared/docs/METHODS.md``).
+
+Bench tables, the Compare page, the CLI summary, :class:`~specviz.trace.Trace` and the README
+all compute their numbers here, so two views of the same runs can never disagree.
+
+- **tau** — committed tokens per round (= per target forward). METHODS §0 writes it as the mean
+  of (accepted + 1); the two agree on every round except one cut short by EOS or by the token
+  budget, where fewer than accepted + 1 tokens are committed. Counting committed tokens makes
+  tau × forwards = generated tokens exactly.
+- **target forwards** — one per round: a round is ONE target forward over [last committed
+  token, draft…]. The prompt's prefill is not counted (plain decoding pays it too).
+- **speedup** — baseline (AR) wall time ÷ method wall time, measured in the same run.
+- **tokens/s** — generated tokens ÷ seconds.
+- **lossless verdict** — greedy speculative output must equal plain greedy decoding token for
+  token; a divergence at a top-2 near-tie of the target's logits is float noise, not a bug
+  (:func:`specviz.analysis.lossless.compare_outputs`). Sampling output is a random draw: not
+  compared.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from .lossless import LosslessReport
+
+
+#: one-line explanations of the metrics, for table headers and tooltips
+METRIC_HELP = {
+    "tau": "Committed tokens per round (= per target forward); plain decoding has tau = 1",
+    "target_forwards": "One target forward per round; the prompt's prefill is not counted",
+    "speedup_vs_ar": "AR wall time ÷ this wall time, measured in the same run",
+    "identical_to_ar": "Greedy mode: the output equals plain decoding token for token (on "
+                       "every prompt); empty in sampling mode",
+}
+
+
+def tau(new_tokens: int, rounds: int) -> float:
+    """Acceptance length tau: committed (generated) tokens per round; 0.0 with no rounds.
+
+    Plain decoding has tau = 1. A round that drafted k tokens and had all accepted commits
+    k + 1 (the bonus token) — unless EOS or ``max_new_tokens`` cut it, then only what was
+    committed counts."""
+    return new_tokens / rounds if rounds else 0.0
+
+
+def target_forwards(rounds: Sequence) -> int:
+    """Target forward passes of the decoding loop: one per round, the prefill not counted."""
+    return len(rounds)
+
+
+def rounds_tau(rounds: Sequence) -> float:
+    """:func:`tau` of a list of :class:`~specviz.trace.Round` records (committed per round)."""
+    return tau(sum(len(r.committed) for r in rounds), target_forwards(rounds))
+
+
+def speedup(baseline_wall: float | None, method_wall: float | None) -> float | None:
+    """Wall-clock speedup vs the baseline run (AR) of the same prompts in the same process:
+    baseline wall ÷ method wall. None when either time is missing or not positive."""
+    if baseline_wall is None or method_wall is None or baseline_wall <= 0 or method_wall <= 0:
+        return None
+    return baseline_wall / method_wall
+
+
+def tokens_per_s(new_tokens: int, seconds: float | None) -> float | None:
+    """Throughput: generated tokens ÷ seconds; None when no time was measured."""
+    if seconds is None or seconds <= 0:
+        return None
+    return new_tokens / seconds
+
+
+# ---------------------------------------------------------------- lossless verdict
+@dataclass(frozen=True)
+class LosslessVerdict:
+    """How a set of speculative runs compares with plain decoding (AR) on the same prompts."""
+
+    greedy: bool
+    compared: int = 0     # runs compared token for token with AR (0 in sampling mode)
+    identical: int = 0    # ... whose output equals AR's exactly
+    near_ties: int = 0    # ... that differ, first at a top-2 near-tie of the target's logits
+
+    @property
+    def different(self) -> int:
+        return self.compared - self.identical
+
+    @property
+    def ok(self) -> bool | None:
+        """True when every difference is a near-tie; None when nothing was compared."""
+        if not self.greedy or not self.compared:
+            return None
+        return self.identical + self.near_ties == self.compared
+
+    @property
+    def count(self) -> str:
+        """``identical/compared`` (e.g. ``"9/10"``), empty when nothing was compared."""
+        return f"{self.identical}/{self.compared}" if self.greedy and self.compared else ""
+
+    @property
+    def level(self) -> str:
+        """How to show :attr:`message`: ``success``, ``warning`` or ``info``."""
+        if self.ok is None:
+            return "info"
+        return "warning" if self.different else "success"
+
+    @property
+    def message(self) -> str:
+        """One human sentence: the verdict."""
+        return lossless_message(self)
+
+
+def lossless_verdict(results: Iterable[LosslessReport | bool | None],
+                     greedy: bool = True) -> LosslessVerdict:
+    """Verdict over the non-baseline runs: each result is a
+    :class:`~specviz.analysis.lossless.LosslessReport` (from ``compare_outputs``), or a plain
+    bool "identical to AR" when no near-tie check was made; None entries are skipped.
+    Sampling mode (``greedy=False``) compares nothing."""
+    if not greedy:
+        return LosslessVerdict(greedy=False)
+    reps = [r if isinstance(r, LosslessReport) else LosslessReport(bool(r))
+            for r in results if r is not None]
+    return LosslessVerdict(greedy=True, compared=len(reps),
+                           identical=sum(r.identical for r in reps),
+                           near_ties=sum(bool(r.near_tie) and not r.identical for r in reps))
+
+
+def lossless_message(v: LosslessVerdict) -> str:
+    """The one-line verdict the Compare page and the CLI print."""
+    if not v.greedy:
+        return "Sampling mode: outputs are random draws, so they are not compared with AR."
+    if not v.compared:
+        return "Greedy mode: no speculative run to compare with plain decoding yet."
+    if not v.different:
+        return ("Greedy mode: every method produced exactly the same tokens as plain decoding "
+                f"({v.count} runs identical; speculative decoding is lossless).")
+    ties = (f"; {v.near_ties} of them first differ at a top-2 near-tie of the target's logits"
+            if v.near_ties else "")
+    return (f"{v.different} of {v.compared} run(s) differ from plain decoding{ties}. In float "
+            "arithmetic a verify pass over several tokens can break near-ties differently from "
+            "a one-token step; see the per-prompt results.")

@@ -1,0 +1,55 @@
+"""The target-feature context cache shared by hidden-state drafters (DFlash §1, ReTrace §2).
+
+A drafter conditioned on the target's hidden states keeps, for every committed position except
+the last committed token (that one is the next block's anchor), tensors derived from the
+target's *tapped* layers: DFlash keeps each drafter layer's context K/V. The prefill fills the
+cache once; after each round only the newly committed rows of the verify forward are appended
+(``VerifyFeedback.kept_rows``), and a rejected round never leaves rows behind (``crop``). In
+offline replay the same rows come from a stored rollout instead of a live forward.
+
+Conventions: ``hidden_states`` is HF's ``output_hidden_states`` tuple (index = layer id + 1);
+``layers`` are those indices; features are concatenated on the last dim -> [1, n, k*H].
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def tapped_features(hidden_states, layers: Sequence[int],
+                    rows: Sequence[int] | None = None) -> torch.Tensor:
+    """[1, n, k*H]: the tapped layers of a target forward, concatenated, at ``rows`` (all
+    rows when None)."""
+    if hidden_states is None:
+        raise RuntimeError("this drafter needs the target's hidden states (hidden_state_layers)")
+    feats = torch.cat([hidden_states[i] for i in layers], dim=-1)
+    if rows is not None:
+        feats = feats[:, torch.as_tensor(list(rows), dtype=torch.long, device=feats.device)]
+    return feats
+
+
+class ContextCache:
+    """Tensors with one entry per committed context position along ``seq_dim``."""
+
+    def __init__(self, seq_dim: int = 2):
+        self.seq_dim = seq_dim
+        self.tensors: list[torch.Tensor] = []
+
+    def __len__(self) -> int:
+        return int(self.tensors[0].shape[self.seq_dim]) if self.tensors else 0
+
+    def reset(self) -> None:
+        self.tensors = []
+
+    def crop(self, n: int) -> None:
+        """Keep the first ``n`` positions."""
+        if self.tensors and len(self) > n:
+            self.tensors = [t.narrow(self.seq_dim, 0, n) for t in self.tensors]
+
+    def append(self, new: Sequence[torch.Tensor]) -> None:
+        """Append the next positions (one tensor per cached stream, same order every time)."""
+        if not self.tensors:
+            self.tensors = list(new)
+        else:
+            self.tensors = [torch.cat([a, b], self.seq_dim) for a, b in zip(self.tensors, new)]
