@@ -10,7 +10,8 @@ somewhere; hence:
 - :func:`calibrate` times a few forwards over k in (1, 2, 4, ... 64) new tokens on the loaded
   target, on top of a KV cache of realistic length (filled with random keys/values: attention
   time does not depend on their values, and no prefill is paid), warm-up first, interleaved
-  repeats, median per k, within a time budget (1.5 s by default);
+  passes within a time budget (1.5 s by default); c(k) is the median of *paired* ratios (each
+  k-token time over the one-token times taken right before and after it, under the same load);
 - :meth:`CostModel.observe` refines it online from the rounds' own verify times: per-knot EMA of
   the *clipped* log-residual, so one slow round moves a knot by a few percent at most; one-token
   rounds refine the reference ``step_time`` the same way;
@@ -19,9 +20,10 @@ somewhere; hence:
   verify forward is memory-bound up to far more than 64 tokens).
 
 The curve is piecewise-linear between knots (linear extrapolation past the last one; flat when
-only c(2) is known), kept monotone non-decreasing by isotonic regression over the knots, with
+only one k > 1 is known), kept monotone non-decreasing by isotonic regression over the knots, with
 c(1) = 1 exactly. Under heavy load not every k fits in the budget: k = 1, 2 and 64 are timed
-first, so the step and the far end are known and the rest is interpolated until rounds refine it.
+first (2 twice), so the step and the far end are known and the rest is interpolated until
+rounds refine it.
 """
 from __future__ import annotations
 
@@ -34,13 +36,15 @@ from dataclasses import dataclass, field
 import torch
 
 DEFAULT_KS = (1, 2, 4, 8, 16, 32, 64)
-PRIORITY = (1, 2, 64, 16, 8, 4, 32)   # the step and the far end first: under load not all fit
-CONTEXT_TOKENS = 300                  # KV cache length the forwards are timed on
+PRIORITY = (1, 2, 64, 1, 2, 16, 8, 4, 32)  # one pass: the step (twice: it decides whether to
+#   draft at all) and the far end first, as under load not all fit; k = 1 twice: load reference
+SAFETY = 1.2           # a forward may take this much longer than its last time
+CONTEXT_TOKENS = 300   # KV cache length the forwards are timed on
 FLAT_POINTS = ((1, 1.0), (64, 1.1), (257, 1.6))
-EMA_RATE = 0.2                        # weight of one observation on its knot(s)
-CLIP_LOG = 0.25                       # an observation moves a knot by <= rate * 0.25 in log space
-MAX_WEIGHT = 10.0                     # evidence cap per knot (an EMA remembers ~1/rate rounds)
-MAX_REPEATS = 7
+EMA_RATE = 0.2         # weight of one observation on its knot(s)
+CLIP_LOG = 0.25        # an observation moves a knot by <= rate * 0.25 in log space
+MAX_WEIGHT = 10.0      # evidence cap per knot (an EMA remembers ~1/rate rounds)
+MAX_REPEATS = 7        # passes at most (a tiny model would otherwise loop for the whole budget)
 
 _CACHE: dict[tuple, "CostModel"] = {}
 _CACHE_LOCK = threading.Lock()
@@ -248,43 +252,59 @@ def _schedule(ks) -> list[int]:
     return [k for k in PRIORITY if k in ks] + [k for k in ks if k not in PRIORITY]
 
 
-def _fits(times: dict[int, list[float]], k: int, left: float) -> bool:
+def _fits(samples: list[tuple[int, float]], k: int, left: float) -> bool:
     """Whether one more forward over ``k`` tokens fits in ``left`` seconds (its last time, or a
-    guess from the one-token time; the first one-token forward always runs)."""
-    if not times[1]:
+    guess from the one-token time, with a safety margin; the first forward always runs)."""
+    last = {q: t for q, t in samples}
+    if 1 not in last:
         return k == 1
-    guess = times[k][-1] if times[k] else times[1][-1] * (1.0 + k / 16)  # a rough prior c(k)
-    return guess <= left
+    guess = last[k] if k in last else last[1] * (1.6 + k / 16)  # a rough prior c(k), k >= 2
+    return guess * SAFETY <= left
 
 
 def measure(target, ks=DEFAULT_KS, budget_s: float = 1.5, context: int = CONTEXT_TOKENS,
-            max_repeats: int = MAX_REPEATS, seed: int = 0) -> tuple[dict[int, list[float]], float]:
+            max_repeats: int = MAX_REPEATS, seed: int = 0) -> tuple[list[tuple[int, float]], float]:
     """Time forwards over each k in interleaved passes (so load changes hit every k alike),
-    skipping a forward that no longer fits in ``budget_s``, warm-up included. Returns
-    ({k: [seconds]} for the ks measured at least once, wall seconds)."""
+    skipping a forward that no longer fits in ``budget_s``, warm-up included. Returns the
+    (k, seconds) samples in the order they were taken, and the wall seconds."""
     t_start = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)
     order = _schedule(ks)
     context = max(1, min(context, target.max_context - max(order) - 1))
     cache = _random_cache(target, context, gen)
     _timed_forward(target, cache, 1, gen)  # warm-up (allocations, caches)
-    times: dict[int, list[float]] = {k: [] for k in order}
+    samples: list[tuple[int, float]] = []
     for _ in range(max_repeats):
         ran = False
         for k in order:
-            if _fits(times, k, budget_s - (time.perf_counter() - t_start)):
-                times[k].append(_timed_forward(target, cache, k, gen))
+            if _fits(samples, k, budget_s - (time.perf_counter() - t_start)):
+                samples.append((k, _timed_forward(target, cache, k, gen)))
                 ran = True
         if not ran:
             break
-    return {k: v for k, v in times.items() if v}, time.perf_counter() - t_start
+    return samples, time.perf_counter() - t_start
+
+
+def paired_ratios(samples: list[tuple[int, float]]) -> dict[int, list[float]]:
+    """c(k) samples: each k-token time over the mean of the one-token times taken just before
+    and just after it, i.e. under the same load (the load of a shared machine drifts within
+    a second; a ratio to a global one-token median would carry that drift)."""
+    ones = [i for i, (k, _) in enumerate(samples) if k == 1]
+    out: dict[int, list[float]] = {}
+    for i, (k, t) in enumerate(samples):
+        if k == 1 or not ones:
+            continue
+        before = [samples[j][1] for j in ones if j < i][-1:]
+        after = [samples[j][1] for j in ones if j > i][:1]
+        out.setdefault(k, []).append(t / statistics.mean(before + after))
+    return out
 
 
 def calibrate(target, ks=DEFAULT_KS, budget_s: float = 1.5, **kw) -> CostModel:
-    """Measure c(k) on ``target`` (median per k, relative to the median one-token forward)."""
-    times, wall = measure(target, ks, budget_s, **kw)
-    step = statistics.median(times[1])
-    pts = [(k, statistics.median(v) / step, len(v)) for k, v in times.items()]
+    """Measure c(k) on ``target``: median paired ratio per k, and the median one-token time."""
+    samples, wall = measure(target, ks, budget_s, **kw)
+    step = statistics.median(t for k, t in samples if k == 1)
+    pts = [(k, statistics.median(r), len(r)) for k, r in paired_ratios(samples).items()]
     return CostModel.from_points(pts, step, kind="measured", calibration_s=wall,
                                  key=model_key(target))
 

