@@ -1,8 +1,11 @@
 """specviz: run real speculative decoding step by step and see why it speeds a model up.
 
-Library layout: ``models`` (targets), ``drafters`` (PLD, AdaPLD, DFlash, ReTrace), ``verify`` and
-``tree`` (lossless verification), ``engine`` (Session/step/run), ``trace`` (Round/Trace JSON),
-``bench`` (prompt sets and the side-by-side runner), ``viz`` (Plotly figures and token HTML).
+Library layout: ``models`` (targets), ``drafters`` (AR, PLD, AdaPLD, DFlash, and the method
+registry), ``tree`` and ``verify`` (token trees, lossless verification -> Verdict), ``kvcache``
+(cache surgery after a round), ``engine`` (Session: propose -> verify -> commit -> record),
+``trace`` (Round/Trace JSON), ``analysis`` (metrics, lossless checks, offline replay), ``bench``
+(prompt sets and the side-by-side runner), ``train`` (rollouts, DFlash training), ``viz`` (Plotly
+figures and token HTML).
 """
 import os as _os
 

@@ -1,2 +1,2 @@
-"""Analyses computed from traces: the metric definitions (metrics), lossless checks (lossless);
-later: alignment, EDR."""
+"""Analyses computed from traces: the metric definitions (metrics), lossless checks (lossless),
+offline replay of a drafter along a cached rollout (replay)."""

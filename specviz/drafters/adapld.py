@@ -53,27 +53,8 @@ Ablations (``ablation=``, bench names in brackets): ``"lexical"`` — lexical on
 [``adapld_lex``]; ``"semantic"`` — + semantic retrieval, chain [``adapld_sem``]; ``"branches"``
 (= the default, full method) — + token trees [``adapld``].
 
-Measured (embedded SmolLM2-135M-Instruct, greedy, 48 new tokens, torch 1 thread on a shared
-2-core CPU). Offline replay of 25 prompts (5 per category) against their greedy outputs — exact
-for greedy — with the cpu cost curve as the clock (speed = tokens per cost of plain decoding):
-  method               tau    sim. speed  draft ms/round  semantic hit rate (first token)
-  pld                  1.374  0.86        0.05            -
-  adapld_lex           1.254  1.15        0.05            - (unigram lexical: 18 %)
-  adapld_sem  (target) 1.281  1.14        0.19            aligned 18 % (230), free 9 % (43)
-  adapld      (target) 1.282  1.14        0.20            same, 20 trees
-  adapld_sem  (minilm) 1.275  1.02        10.9            aligned 26 % (100), free 7 % (40)
-  adapld      (minilm) 1.270  1.01        10.9            aligned 27 % (100), free 7 % (40)
-  adapld cost="flat"   1.437  0.85        0.25            aligned 23 %, 249 trees
-Real runs on 5 held-out prompts (one per category): ms per generated token (speed-up vs plain
-decoding) — ar 73.2, pld 75.2 (0.97x, tau 1.74), adapld_lex 51.4 (1.42x, tau 1.51),
-adapld_sem 57.6 (1.27x, tau 1.47), adapld 60.7 (1.20x, tau 1.47), adapld minilm 69.7 (1.05x,
-tau 1.49; + ~0.65 s per prompt embedding its windows, ~5 s model load once), adapld flat 74.1
-(0.99x, tau 1.81); all 30 outputs identical to plain greedy decoding.
-Default ``semantic="target_embed"``: free (0.2 ms/round) and slightly tau-positive; MiniLM
-finds better-aligned windows (26 % vs 18 % first-token hits) but its ~11-15 ms per round (15-20 %
-of a decode step here) costs more than the extra accepted tokens save. On these prompts neither
-variant beats the lexical-only chain on speed; semantic retrieval pays off only when verify is
-cheap (``cost="flat"``: +5 % tau over PLD with trees).
+Measured figures (bench tables on the dev sets, the design notes behind the defaults) are in the
+README, section "AdaPLD and its ablations".
 """
 from __future__ import annotations
 
@@ -486,9 +467,6 @@ class SourceStats:
     off: bool = False
     next_probe: int = 0
     gap: int = PROBE_GAPS[0]
-    rounds: int = 0
-    accepted: int = 0
-    first_hits: int = 0
 
     @property
     def a1(self) -> float:
@@ -522,9 +500,6 @@ class SourceStats:
                 self.f2 += 1.0
         else:
             self.f1 += 1.0
-        self.rounds += 1
-        self.accepted += accepted
-        self.first_hits += accepted >= 1
 
 
 def _harmonic(k: int) -> float:
@@ -537,9 +512,6 @@ class _Pending:
     probe: bool
     first_len: int
     n_alts: int = 0
-
-
-SOURCES = ("lex1", "lex2", "lex3", "sem", "semfree")  # retrieval sources with their own stats
 
 
 # ---------------------------------------------------------------------------- the drafter

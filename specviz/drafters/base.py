@@ -3,7 +3,7 @@
 Shaped like transformers' ``CandidateGenerator``: ``propose`` returns candidate tokens (a chain,
 or a tree given by parent indices) and ``observe`` receives the verified round, including the
 target's logits and (on request) hidden states from the same verify forward, so drafters such
-as DFlash and ReTrace can reuse target signals without an extra forward.
+as DFlash can reuse target signals without an extra forward.
 """
 from __future__ import annotations
 

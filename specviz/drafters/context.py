@@ -1,4 +1,5 @@
-"""The target-feature context cache shared by hidden-state drafters (DFlash §1, ReTrace §2).
+"""The target-feature context cache shared by hidden-state drafters (METHODS §1: DFlash, and
+any later drafter conditioned on the target hidden states).
 
 A drafter conditioned on the target's hidden states keeps, for every committed position except
 the last committed token (that one is the next block's anchor), tensors derived from the
