@@ -330,6 +330,12 @@ def cost_model_for(target, **kw) -> CostModel:
     return model
 
 
+def cached_model(target) -> CostModel | None:
+    """The cost model of ``target`` if one was made in this process (no calibration)."""
+    with _CACHE_LOCK:
+        return _CACHE.get(model_key(target))
+
+
 def clear_cache() -> None:
     """Forget every cached cost model (tests; a changed machine)."""
     with _CACHE_LOCK:

@@ -312,8 +312,8 @@ class EditPrompt:
     task_id: int
 
 
-def read_rows(path: str | Path, start: int = 0, limit: int | None = None) -> list[dict]:
-    """MBPP rows ``start`` .. ``start + limit`` (0-based, in file order) of a JSONL file."""
+def read_rows(path: str | Path, start: int = 0) -> list[dict]:
+    """The MBPP rows of a JSONL file from row ``start`` on (0-based, in file order)."""
     path = Path(path)
     if not path.exists():
         raise SpecvizError(f"MBPP file {path} does not exist")

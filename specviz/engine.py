@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from . import __version__
+from .costs import cached_model
 from .drafters.base import Draft, DraftContext, Drafter, VerifyFeedback, clip_draft
 from .errors import PromptError, SettingsError
 from .kvcache import cache_kwarg, cache_len, keep_rows
@@ -87,6 +88,7 @@ class Session:
         self.rounds: list[Round] = []
         self.done = False
         self.stop_reason: str | None = None
+        self.last_forward_s = 0.0
         self.generator = torch.Generator().manual_seed(int(self.settings.seed))
         self.eos = target.eos_token_ids
         self._want_hidden = drafter.hidden_state_layers is not None
@@ -116,8 +118,11 @@ class Session:
             kwargs["position_ids"] = position_ids.to(dev)
         kwargs[cache_kwarg(model)] = self.cache
         with self.target.lock, torch.inference_mode():
-            return model(input_ids=inp, use_cache=True,
-                         output_hidden_states=self._want_hidden, **kwargs)
+            t0 = time.perf_counter()   # compute only: waiting for another tab's turn excluded
+            out = model(input_ids=inp, use_cache=True,
+                        output_hidden_states=self._want_hidden, **kwargs)
+            self.last_forward_s = time.perf_counter() - t0
+        return out
 
     def _budget(self) -> int:
         """How many tokens this round may still commit."""
@@ -182,6 +187,9 @@ class Session:
         probs = target_probs(logits, s.temperature, s.top_p)
         verdict = verify(tree, logits, probs, s.greedy, draft.q, self.generator)
         keep_rows(self.cache, start, verdict.rows)
+        cost_model = cached_model(self.target)
+        if cost_model is not None:  # refine the verify-cost curve online with this forward
+            cost_model.observe(len(ids), self.last_forward_s)
         return tree, out, probs, verdict
 
     def _commit(self, tree: TokenTree, verdict: Verdict, budget: int
@@ -216,7 +224,8 @@ class Session:
             q_draft=list(draft.q_token) if draft.q_token is not None else [None] * len(tree),
             parents=None if chain else list(tree.parents),
             accepted_path=[] if chain else verdict.path[:n_acc],
-            t_draft=t_draft, t_verify=t_verify, extras=dict(draft.extras))
+            t_draft=t_draft, t_verify=t_verify, t_forward=self.last_forward_s,
+            extras=dict(draft.extras))
         self.rounds.append(rnd)
         return rnd
 

@@ -46,6 +46,7 @@ class Round:
     accepted_path: list[int] = field(default_factory=list)
     t_draft: float = 0.0
     t_verify: float = 0.0
+    t_forward: float = 0.0   # the verify forward's compute alone (inside t_verify; no queue wait)
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property
