@@ -1,6 +1,7 @@
 """AdaPLD (METHODS §3): lossless greedy and sampling with real trees, retrieval (incremental
 n-gram index, semantic windows), adaptive control, settings errors; one embedded-model run."""
 import json
+from pathlib import Path
 import random
 
 import pytest
@@ -348,7 +349,7 @@ def test_adaptive_switches_off_when_nothing_is_accepted_and_reprobes():
 
 
 def test_adaptive_turns_back_on_and_grows_on_repetition():
-    drafter = AdaPLDDrafter(semantic="off")
+    drafter = AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8)  # the controller alone
     # phase 1: rejections switch drafting off
     rounds, tokens = _synthetic_run(drafter, PATTERN * 3, 25, _reject)
     assert rounds[-1].extras["retrieval"] == "off" or rounds[-1].extras["probe"]
@@ -365,7 +366,7 @@ def test_adaptive_turns_back_on_and_grows_on_repetition():
 
 
 def test_draft_length_shrinks_on_early_rejection():
-    drafter = AdaPLDDrafter(semantic="off")
+    drafter = AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8)  # the controller alone
     rounds, tokens = _synthetic_run(drafter, PATTERN * 3, 12, _follow_pattern)
     grown = rounds[-1].extras["draft_len"]
     assert grown == drafter.max_draft
@@ -414,7 +415,7 @@ def test_highly_repetitive_prompt_grows_draft_length_on_the_engine(tiny_target):
     (dict(ablation="everything"), "ablation must be one of"),
     (dict(adaptive="maybe"), "Adaptive draft length must be true or false"),
     (dict(branches=1), "Token trees must be true or false"),
-    (dict(cost="gpu"), "Verify-cost model must be one of cpu, flat"),
+    (dict(cost="gpu"), "Verify-cost model must be one of auto, cpu, flat"),
 ])
 def test_bad_settings(params, msg):
     with pytest.raises(SettingsError, match=msg):
@@ -454,7 +455,13 @@ def test_missing_embedder_package_is_a_clear_settings_error(monkeypatch):
 # ------------------------------------------------------------------------------ embedded model
 @pytest.mark.integration
 def test_adapld_greedy_lossless_on_real_prompts(embedded_target):
-    prompts = example_prompts(4)
+    """Default AdaPLD (measured cost model, long copies) on 15 example prompts and 8
+    code-editing prompts built from MBPP."""
+    from specviz.editset import load_edit_prompts
+
+    mbpp = Path(__file__).resolve().parents[2] / "shared" / "data" / "mbpp.jsonl"
+    edits = [{"id": p.id, "prompt": p.text} for p in load_edit_prompts(mbpp, limit=8, start=600)]
+    prompts = example_prompts(3) + edits
     assert len(prompts) >= 20
     runs = greedy_lossless_runs(embedded_target, "adapld", prompts, 40)
     identical = sum(rep.identical for _, _, rep in runs)

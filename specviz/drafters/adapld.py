@@ -32,13 +32,19 @@ what followed it, as a chain or as a token tree of several hypotheses:
    branch; a source seen for the first time starts from the pooled estimate of all sources. The
    draft length D maximises expected committed tokens per unit of verify cost,
    (1 + a1 (1 - a2^D) / (1 - a2)) / c(D + 1), c = relative cost of a forward over k tokens
-   (``cost="cpu"``, from forwards timed on this 2-core CPU: k=2 1.08, k=4 1.6, k=8 2.1,
-   k=16 2.6; ``"flat"`` for accelerators, where drafting is nearly free). Full acceptance raises
-   a2 (D grows up to ``max_draft``), early rejection lowers a1 / a2 (D shrinks). When even D = 1
-   does not beat plain decoding by 3 %, the source is switched off (empty drafts,
-   ``retrieval: "off"``) and re-probed with a short chain after 4, 8, 16, 32 rounds. Alternative
-   branches are kept only while their expected gain (an EMA of the extra tokens an alternative
-   branch delivered, per alternative) pays for their extra nodes.
+   (``cost="auto"``: the verify-cost model measured on the loaded target and refined online,
+   :mod:`specviz.costs`; ``"flat"`` for accelerators; ``"cpu"`` a fixed curve timed once —
+   :mod:`specviz.drafters.adapld_control`). Full acceptance raises a2 (D grows up to
+   ``max_draft``), early rejection lowers a1 / a2 (D shrinks). When even D = 1 does not beat
+   plain decoding by 3 %, the source is switched off (empty drafts, ``retrieval: "off"``) and
+   re-probed with a short chain after 4, 8, 16, 32 rounds. Alternative branches are kept only
+   while their expected gain (an EMA of the extra tokens an alternative branch delivered, per
+   alternative) pays for their extra nodes.
+5. **Long copies** (editing and extraction tasks repeat long spans of the input). When a
+   round's copy was accepted in full and the target's own token continued the same span, the
+   next round follows that span (source ``copy``) instead of searching again, doubling the
+   draft each round (``max_draft`` x 2, 4, 8 ... up to ``max_copy``, default 64) while it keeps
+   being accepted; the first rejection drops back to the search and control above.
 
 Lossless by construction: every draft token is a deterministic proposal, verified by the engine
 (greedy longest path; SpecInfer-style multi-child sampling for trees).
@@ -67,6 +73,8 @@ import torch
 
 from ..errors import SettingsError
 from ..tree import TokenTree
+from .adapld_control import (COST_CHOICES, EMA_DECAY, PROBE_GAPS, CopyFollower, SourceStats,
+                             cost_curve, harmonic)
 from .base import Draft, DraftContext, Drafter, VerifyFeedback
 from .registry import MethodSpec, ParamSpec, params_by_name
 
@@ -79,19 +87,10 @@ ABLATIONS = {
     "branches": {"semantic": DEFAULT_SEMANTIC, "branches": True},
     "full": {"semantic": DEFAULT_SEMANTIC, "branches": True},
 }
-#: relative cost of a target forward over k input tokens ([last token, draft...]) vs one token
-COST_CURVES = {
-    "cpu": [(1, 1.0), (2, 1.08), (3, 1.3), (4, 1.6), (8, 2.1), (16, 2.6), (32, 3.4), (64, 5.0),
-            (257, 14.0)],
-    "flat": [(1, 1.0), (64, 1.1), (257, 1.6)],
-}
 MAX_MATCHES_PER_NGRAM = 64     # most recent occurrences examined per suffix n-gram
 RECENCY_SCALE = 64.0           # tokens; recency term = 1 / (1 + distance / scale)
 W_NGRAM, W_RECENCY, W_VOTES = 0.5, 0.2, 0.3
-EMA_DECAY = 0.85
-PRIOR = (1.2, 0.8, 1.4, 0.6)   # pseudo-counts (s1, f1, s2, f2): a1 = 0.6, a2 = 0.7 at the start
 ON_MARGIN = 0.03               # a draft must beat plain decoding by 3% of a step to be worth it
-PROBE_GAPS = (4, 32)           # first re-probe after 4 rounds, doubling up to 32
 ALT_GAIN_PRIOR = 0.25          # prior extra accepted tokens per alternative branch (harmonic)
 ALT_GAIN_DRIFT = 0.02          # per chain round, alt_gain drifts back towards the prior
 _UNSET: Any = object()
@@ -118,9 +117,14 @@ PARAMS = params_by_name(
     ParamSpec("adaptive", bool, True, label="Adaptive draft length",
               help="Adapt draft length and branch count to the recent acceptance of each "
                    "retrieval source, and pause sources that do not pay."),
-    ParamSpec("cost", str, "cpu", choices=("cpu", "flat"), label="Verify-cost model",
-              help="Verify-cost model for the adaptive control: cpu (longer drafts cost more) "
-                   "or flat (accelerators)."),
+    ParamSpec("cost", str, "auto", choices=COST_CHOICES, label="Verify-cost model",
+              help="What a longer verify costs, for the adaptive draft length: auto = measured "
+                   "on the loaded model at start and refined from every round (flat on a GPU); "
+                   "cpu = a fixed curve timed once on a busy 2-core CPU; flat = accelerators."),
+    ParamSpec("max_copy", int, 64, range=(1, 256), label="Longest copy",
+              help="A copy that keeps being accepted doubles its draft each round (up to this "
+                   "many tokens); the first rejection falls back to the normal draft length. At "
+                   "or below the longest draft, long copies are off."),
     ParamSpec("sim_threshold", float, None, range=(0, 1), label="Semantic similarity threshold",
               help="Cosine similarity a window needs to be copied; unset = by embedder "
                    "(target_embed 0.9, minilm 0.5).", advanced=True),
@@ -131,18 +135,6 @@ PARAMS = params_by_name(
               help="Merge alternative hypotheses into a token tree (false = single chain).",
               advanced=True),
 )
-
-
-def relative_cost(k: int, curve: str = "cpu") -> float:
-    """Cost of a verify forward over ``k`` input tokens relative to a one-token forward."""
-    pts = COST_CURVES[curve]
-    if k <= pts[0][0]:
-        return pts[0][1]
-    for (k0, c0), (k1, c1) in zip(pts, pts[1:]):
-        if k <= k1:
-            return c0 + (c1 - c0) * (k - k0) / (k1 - k0)
-    (k0, c0), (k1, c1) = pts[-2], pts[-1]
-    return c1 + (c1 - c0) * (k - k1) / (k1 - k0)
 
 
 # ---------------------------------------------------------------------------- lexical index
@@ -456,62 +448,12 @@ def semantic_candidates(windex: WindowIndex, tokens: Sequence[int], length: int,
 
 # ---------------------------------------------------------------------------- controller
 @dataclass
-class SourceStats:
-    """Decayed acceptance counts of one retrieval source (for its best-ranked branch), plus its
-    on/off state. a1 = P(first token accepted), a2 = P(next accepted | previous accepted)."""
-
-    s1: float = PRIOR[0]
-    f1: float = PRIOR[1]
-    s2: float = PRIOR[2]
-    f2: float = PRIOR[3]
-    off: bool = False
-    next_probe: int = 0
-    gap: int = PROBE_GAPS[0]
-
-    @property
-    def a1(self) -> float:
-        return self.s1 / (self.s1 + self.f1)
-
-    @property
-    def a2(self) -> float:
-        return self.s2 / (self.s2 + self.f2)
-
-    def expected_accepted(self, d: int) -> float:
-        a1, a2 = self.a1, min(self.a2, 0.999)
-        return a1 * (1.0 - a2 ** d) / (1.0 - a2)
-
-    def best_length(self, max_len: int, curve: str) -> tuple[int, float]:
-        """(draft length maximising expected tokens per unit of verify cost, that ratio)."""
-        best = (1, -1.0)
-        for d in range(1, max(1, max_len) + 1):
-            thr = (1.0 + self.expected_accepted(d)) / relative_cost(d + 1, curve)
-            if thr > best[1] + 1e-9:
-                best = (d, thr)
-        return best
-
-    def update(self, accepted: int, full: bool) -> None:
-        self.s1 *= EMA_DECAY
-        self.f1 *= EMA_DECAY
-        if accepted >= 1:
-            self.s1 += 1.0
-            self.s2 = self.s2 * EMA_DECAY + (accepted - 1)
-            self.f2 *= EMA_DECAY
-            if not full:
-                self.f2 += 1.0
-        else:
-            self.f1 += 1.0
-
-
-def _harmonic(k: int) -> float:
-    return sum(1.0 / i for i in range(1, k + 1))
-
-
-@dataclass
 class _Pending:
     source: str
     probe: bool
     first_len: int
     n_alts: int = 0
+    copy_from: int | None = None   # where the best branch's copy starts in the context
 
 
 # ---------------------------------------------------------------------------- the drafter
@@ -523,8 +465,9 @@ class AdaPLDDrafter(Drafter):
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1, max_draft: int = 8,
                  max_branches: int = 3, node_budget: int = 24, semantic: str = _UNSET,
                  sim_threshold: float | None = None, window: int = 8, adaptive: bool = True,
-                 branches: bool = _UNSET, cost: str = "cpu", ablation: str | None = None,
-                 free_threshold: float | None = None, eos_token_ids: set[int] | None = None):
+                 branches: bool = _UNSET, cost: str = "auto", ablation: str | None = None,
+                 free_threshold: float | None = None, eos_token_ids: set[int] | None = None,
+                 max_copy: int = 64):
         if ablation is not None:
             key = str(ablation).strip().lower()
             if key not in ABLATIONS:
@@ -554,6 +497,8 @@ class AdaPLDDrafter(Drafter):
         self.adaptive = P["adaptive"].check(adaptive)
         self.branches = P["branches"].check(branches)
         self.cost = P["cost"].check(cost)
+        self.cost_model = cost_curve(self.cost if self.cost != "auto" else "cpu")  # until begin
+        self.max_copy = P["max_copy"].check(max_copy)
         self.eos_token_ids = set(eos_token_ids or ())
         self.fallback_reason: str | None = None
         if self.semantic == "minilm":
@@ -570,6 +515,7 @@ class AdaPLDDrafter(Drafter):
         self.stats: dict[str, SourceStats] = {}
         self.alt_gain = ALT_GAIN_PRIOR      # expected extra tokens per alternative branch
         self._pending: _Pending | None = None
+        self.follower = CopyFollower(self.max_copy)
 
     def begin(self, target, prompt_ids, prefill_hidden=None):
         if not self.eos_token_ids and target is not None:
@@ -578,6 +524,7 @@ class AdaPLDDrafter(Drafter):
         self.index.sync(prompt_ids)
         self.windex = None
         self.fallback_reason = None
+        self.cost_model = cost_curve(self.cost, target)
         if self.semantic != "off":
             fn = None
             if target is None:
@@ -603,7 +550,7 @@ class AdaPLDDrafter(Drafter):
                 "sim_threshold": self.sim_threshold,
                 "free_threshold": round(self.free_threshold, 4), "window": self.window,
                 "adaptive": self.adaptive, "branches": self.branches, "cost": self.cost,
-                "ablation": self.ablation}
+                "max_copy": self.max_copy, "ablation": self.ablation}
 
     # ------------------------------------------------------------------ retrieval
     def source_stats(self, source: str, round_index: int = 0) -> SourceStats:
@@ -615,7 +562,7 @@ class AdaPLDDrafter(Drafter):
         if st is None:
             g = self.pooled
             st = SourceStats(2.0 * g.a1, 2.0 * (1.0 - g.a1), 2.0 * g.a2, 2.0 * (1.0 - g.a2))
-            if self.adaptive and st.best_length(self.max_draft, self.cost)[1] < 1.0 + ON_MARGIN:
+            if self.adaptive and st.best_length(self.max_draft, self.cost_model)[1] < 1.0 + ON_MARGIN:
                 st.off = True
                 st.next_probe = round_index + PROBE_GAPS[0]
                 st.gap = min(PROBE_GAPS[1], 2 * PROBE_GAPS[0])
@@ -663,13 +610,16 @@ class AdaPLDDrafter(Drafter):
         if depth_cap <= 0:
             self.index.sync(tokens)
             return Draft(extras=self._extras("none", "", [], None))
+        follow = self._follow(ctx)
+        if follow is not None:
+            return follow
         source, kind, cands, suffix = self.retrieve(tokens, depth_cap, ctx.round_index)
         if not cands:
             return Draft(extras=self._extras(kind, "", [], suffix))
         st = self.source_stats(source, ctx.round_index)
         probe = False
         if self.adaptive:
-            d, _ = st.best_length(depth_cap, self.cost)
+            d, _ = st.best_length(depth_cap, self.cost_model)
             if st.off:
                 if ctx.round_index < st.next_probe:
                     return Draft(extras=self._extras("off", source, cands[:3], suffix, used=0))
@@ -697,12 +647,13 @@ class AdaPLDDrafter(Drafter):
             best_k, best_thr = 0, -1.0
             for k in range(n_seq):
                 nodes = len(TokenTree.from_sequences(seqs[:k + 1], max_nodes=self.node_budget))
-                val = (base + self.alt_gain * _harmonic(k)) / relative_cost(nodes + 1, self.cost)
+                val = (base + self.alt_gain * harmonic(k)) / self.cost_model.relative(nodes + 1)
                 if val > best_thr + 1e-9:
                     best_k, best_thr = k, val
             seqs, chosen = seqs[:best_k + 1], chosen[:best_k + 1]
         tree = TokenTree.from_sequences(seqs, max_nodes=self.node_budget)
-        pend = _Pending(source, probe, min(len(seqs[0]), self.node_budget), n_alts=len(seqs) - 1)
+        pend = _Pending(source, probe, min(len(seqs[0]), self.node_budget), n_alts=len(seqs) - 1,
+                        copy_from=chosen[0].span[1])
         if tree.is_chain:
             draft = Draft(tokens=list(tree.tokens))
         else:
@@ -713,6 +664,30 @@ class AdaPLDDrafter(Drafter):
                                     draft_len=d, nodes=len(tree.tokens), probe=probe,
                                     used=len(chosen), used_lens=[len(q) for q in seqs])
         return draft
+
+    def _follow(self, ctx: DraftContext) -> Draft | None:
+        """A long copy: the span that was right last round, continued (CopyFollower)."""
+        fol = self.follower
+        if not self.adaptive or self.max_copy <= self.max_draft or fol.pointer is None:
+            return None
+        tokens = ctx.tokens
+        self.index.sync(tokens)
+        cont = fol.continuation(tokens, min(fol.length(self.max_draft), int(ctx.max_draft)),
+                                self.eos_token_ids)
+        if not cont:
+            fol.pointer, fol.streak = None, 0
+            return None
+        p, L = fol.pointer, len(tokens)
+        n = 1
+        while n < self.max_ngram and p - 1 - n >= 0 and tokens[p - 1 - n] == tokens[L - 1 - n]:
+            n += 1
+        cand = Candidate("lexical", cont, (p - n, p), 1.0, ngram=n)
+        self._pending = _Pending("copy", False, len(cont), copy_from=p)
+        fol.drafted(len(cont))
+        extras = self._extras("lexical", "copy", [cand], [L - n, L], n_branches=1,
+                              draft_len=len(cont), nodes=len(cont))
+        extras["streak"] = fol.streak
+        return Draft(tokens=cont, extras=extras)
 
     def _extras(self, retrieval: str, source: str, cands: list[Candidate], suffix,
                 n_branches: int = 0, draft_len: int = 0, nodes: int = 0, probe: bool = False,
@@ -757,17 +732,22 @@ class AdaPLDDrafter(Drafter):
         else:
             first_len = len(rnd.draft)
             first_acc = a
+        self.follower.observe(pend.copy_from, first_len, first_acc, rnd.committed,
+                              list(self.index.tokens) + list(rnd.committed))
+        if pend.source == "copy":  # a followed copy: its own streak, not a source's statistics
+            self.pooled.update(first_acc, first_acc >= first_len)
+            return
         st = self.source_stats(pend.source, rnd.index)
         st.update(first_acc, first_acc >= first_len)
         self.pooled.update(first_acc, first_acc >= first_len)
         if rnd.parents is not None and pend.n_alts:
-            gain = max(0, a - first_acc) / _harmonic(pend.n_alts)
+            gain = max(0, a - first_acc) / harmonic(pend.n_alts)
             self.alt_gain = EMA_DECAY * self.alt_gain + (1.0 - EMA_DECAY) * gain
         else:  # no evidence this round: drift slowly back to the prior
             self.alt_gain += ALT_GAIN_DRIFT * (ALT_GAIN_PRIOR - self.alt_gain)
         if not self.adaptive:
             return
-        _, thr = st.best_length(self.max_draft, self.cost)
+        _, thr = st.best_length(self.max_draft, self.cost_model)
         if st.off:                                   # this was a probe
             if thr >= 1.0 + ON_MARGIN:
                 st.off, st.gap = False, PROBE_GAPS[0]

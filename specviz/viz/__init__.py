@@ -6,8 +6,8 @@ from a file renders exactly like the live run that produced it.
 from .charts import (confidence_calibration, fig_accepted_hist, fig_compare,
                      fig_confidence_calibration, fig_position_acceptance, fig_round_lengths,
                      fig_slot_confidence, has_confidence, slot_confidences)
-from .stats import (PositionStat, SpeedupEstimate, accepted_lengths, draft_depth, live_metrics,
-                    position_acceptance, round_kind, speedup_estimate, trace_prefix)
+from .stats import (PositionStat, SpeedupEstimate, accepted_lengths, live_metrics,
+                    position_acceptance, speedup_estimate, trace_prefix)
 from .rounds import RoundNotes, round_summary_html
 from .tables import (CompareRun, compare_runs_table, compare_summary_table, compare_verdict,
                      describe_extras, join_tokens, position_table, rounds_table, to_csv_bytes)
@@ -18,8 +18,8 @@ __all__ = [
     "confidence_calibration", "fig_accepted_hist", "fig_compare", "fig_confidence_calibration",
     "fig_position_acceptance", "fig_round_lengths", "fig_slot_confidence", "has_confidence",
     "slot_confidences",
-    "PositionStat", "SpeedupEstimate", "accepted_lengths", "draft_depth", "live_metrics",
-    "position_acceptance", "round_kind", "speedup_estimate", "trace_prefix",
+    "PositionStat", "SpeedupEstimate", "accepted_lengths", "live_metrics",
+    "position_acceptance", "speedup_estimate", "trace_prefix",
     "RoundNotes", "round_summary_html",
     "CompareRun", "compare_runs_table", "compare_summary_table", "compare_verdict",
     "describe_extras", "join_tokens", "position_table", "rounds_table", "to_csv_bytes",

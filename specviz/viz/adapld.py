@@ -158,6 +158,21 @@ class ContextToken:
         return " ".join(cls)
 
 
+def _mark(toks: list[ContextToken], span, fields: tuple, values: tuple, badge) -> None:
+    """Give the tokens of ``span`` a match's ``fields`` = ``values`` unless a drafted match
+    already holds them (drafted matches win over alternatives; among equals the better rank,
+    listed first); ``badge`` goes on the span's first token."""
+    if not span:
+        return
+    a, b = max(0, span[0]), min(len(toks), span[1])
+    for t in toks[a:b]:
+        if getattr(t, fields[0]) is None or (values[-1] and not getattr(t, fields[-1])):
+            for f, v in zip(fields, values):
+                setattr(t, f, v)
+    if a < b and badge:
+        toks[a].badges.append(badge)
+
+
 def context_tokens(trace: Trace, round_index: int) -> list[ContextToken]:
     """The round's context as records, each token tagged with the match / copy / suffix roles."""
     if not 0 <= round_index < len(trace.rounds):
@@ -176,25 +191,10 @@ def context_tokens(trace: Trace, round_index: int) -> list[ContextToken]:
             score = float(m.get("score"))
         except (TypeError, ValueError):
             score = None
-        sp = _span(m.get("span"))
-        if sp:
-            a, b = max(0, sp[0]), min(L, sp[1])
-            for p in range(a, b):
-                t = toks[p]
-                # used matches win over alternatives; among equals the better rank (listed first)
-                if t.kind is None or (used and not t.used):
-                    t.kind, t.match, t.score, t.used = kind, rank, score, used
-            if a < b:
-                toks[a].badges.append(("match", rank, m))
-        cp = _span(m.get("copy_from"))
-        if cp:
-            a, b = max(0, cp[0]), min(L, cp[1])
-            for p in range(a, b):
-                t = toks[p]
-                if t.copy is None or (used and not t.copy_used):
-                    t.copy, t.copy_used = rank, used
-            if a < b and used:
-                toks[a].badges.append(("copy", rank, m))
+        _mark(toks, _span(m.get("span")), ("kind", "match", "score", "used"),
+              (kind, rank, score, used), ("match", rank, m))
+        _mark(toks, _span(m.get("copy_from")), ("copy", "copy_used"), (rank, used),
+              ("copy", rank, m) if used else None)
     sf = _span((r.extras or {}).get("suffix"))
     if sf:
         for p in range(max(0, sf[0]), min(L, sf[1])):

@@ -11,7 +11,6 @@ import html
 from dataclasses import dataclass, field
 
 from ..trace import Round, Trace
-from .stats import round_kind
 from .tables import describe_extras, join_tokens
 
 BOX_STYLE = ("font-size:0.9rem;color:#1e293b;background:#f8fafc;border:1px solid #e2e8f0;"
@@ -37,7 +36,7 @@ def _verdict_parts(r: Round, esc) -> list[str]:
     if r.rejected_suffix:
         parts.append(f"rejected {len(r.rejected_suffix)}: <s>{esc(r.rejected_suffix)}</s>")
     if r.target_token >= 0:
-        label = "bonus" if round_kind(r) == "bonus" else "correction"
+        label = "bonus" if r.kind == "bonus" else "correction"
         parts.append(f"target's {label} token: <code>{esc([r.target_token])}</code>")
     return parts
 

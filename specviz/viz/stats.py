@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, replace
 
-from ..trace import Round, Trace
+from ..trace import Trace
 
 
 def trace_prefix(trace: Trace, n_rounds: int | None) -> Trace:
@@ -18,16 +18,6 @@ def trace_prefix(trace: Trace, n_rounds: int | None) -> Trace:
         return trace
     n = max(0, int(n_rounds))
     return replace(trace, rounds=list(trace.rounds[:n]))
-
-
-def draft_depth(r: Round) -> int:
-    """Deprecated alias of :attr:`Round.draft_depth` (kept for callers outside specviz)."""
-    return r.draft_depth
-
-
-def round_kind(r: Round) -> str:
-    """Deprecated alias of :attr:`Round.kind` (kept for callers outside specviz)."""
-    return r.kind
 
 
 def accepted_lengths(trace: Trace) -> list[int]:

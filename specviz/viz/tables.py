@@ -10,7 +10,7 @@ import pandas as pd
 from ..analysis import metrics
 from ..analysis.lossless import compare_outputs
 from ..trace import Round, Trace
-from .stats import position_acceptance, round_kind
+from .stats import position_acceptance
 
 
 def join_tokens(ids: Iterable[int], texts: dict[int, str]) -> str:
@@ -46,7 +46,7 @@ def rounds_table(trace: Trace) -> pd.DataFrame:
     prompt_len = int(trace.meta.get("prompt_len") or len(trace.prompt_ids))
     rows = []
     for r in trace.rounds:
-        kind = round_kind(r)
+        kind = r.kind
         first_rej_p = None
         if r.parents is None and r.accepted < len(r.draft) and r.accepted < len(r.p_draft):
             first_rej_p = r.p_draft[r.accepted]

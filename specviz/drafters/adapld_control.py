@@ -1,0 +1,139 @@
+"""AdaPLD's adaptive control (METHODS §3; issue 14): how long a draft should be, given what each
+retrieval source has delivered and what a longer verify costs on this machine.
+
+* :class:`SourceStats` — decayed acceptance counts per retrieval source: a1 = P(first drafted
+  token accepted), a2 = P(next accepted | previous accepted); the draft length D maximises
+  expected committed tokens per unit of verify cost, (1 + a1 (1 - a2^D) / (1 - a2)) / c(D + 1).
+* :func:`cost_curve` — c(k): ``"auto"`` is the verify-cost model measured on the loaded target
+  (:mod:`specviz.costs`: calibrated at start, refined online by the engine from the rounds'
+  own forwards; flat on an accelerator); ``"flat"`` the accelerator curve; ``"cpu"`` the fixed
+  curve measured once on a busy 2-core CPU with torch on one thread (kept to reproduce earlier
+  tables and for deterministic tests).
+* :class:`CopyFollower` — long copies: when a round's copied span was accepted in full and the
+  target's own token continued it too, the next round continues from the same span (it has been
+  right so far) instead of searching again, and the draft doubles (D, 2D, 4D ... up to
+  ``max_copy``) while the copy keeps being accepted; the first rejection ends the streak, and the
+  normal search and control take over again (fall back fast).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..costs import CostModel, cost_model_for
+
+EMA_DECAY = 0.85
+PRIOR = (1.2, 0.8, 1.4, 0.6)   # pseudo-counts (s1, f1, s2, f2): a1 = 0.6, a2 = 0.7 at the start
+PROBE_GAPS = (4, 32)           # first re-probe after 4 rounds, doubling up to 32
+#: c(k) timed once with torch on 1 thread on a busy 2-core CPU (the ``cost="cpu"`` curve)
+FIXED_CPU_CURVE = ((1, 1.0), (2, 1.08), (3, 1.3), (4, 1.6), (8, 2.1), (16, 2.6), (32, 3.4),
+                   (64, 5.0), (257, 14.0))
+COST_CHOICES = ("auto", "cpu", "flat")
+
+
+def cost_curve(choice: str, target=None) -> CostModel:
+    """The verify-cost model a drafter plans with (see the module docstring)."""
+    if choice == "flat":
+        return CostModel.flat()
+    if choice == "auto" and all(hasattr(target, a) for a in ("model", "name", "device")):
+        return cost_model_for(target)
+    return CostModel.from_points(FIXED_CPU_CURVE, kind="fixed", frozen=True)
+
+
+@dataclass
+class SourceStats:
+    """Decayed acceptance counts of one retrieval source (for its best-ranked branch), plus its
+    on/off state. a1 = P(first token accepted), a2 = P(next accepted | previous accepted)."""
+
+    s1: float = PRIOR[0]
+    f1: float = PRIOR[1]
+    s2: float = PRIOR[2]
+    f2: float = PRIOR[3]
+    off: bool = False
+    next_probe: int = 0
+    gap: int = PROBE_GAPS[0]
+
+    @property
+    def a1(self) -> float:
+        return self.s1 / (self.s1 + self.f1)
+
+    @property
+    def a2(self) -> float:
+        return self.s2 / (self.s2 + self.f2)
+
+    def expected_accepted(self, d: int) -> float:
+        a1, a2 = self.a1, min(self.a2, 0.999)
+        return a1 * (1.0 - a2 ** d) / (1.0 - a2)
+
+    def best_length(self, max_len: int, cost: CostModel) -> tuple[int, float]:
+        """(draft length maximising expected tokens per unit of verify cost, that ratio)."""
+        best = (1, -1.0)
+        for d in range(1, max(1, max_len) + 1):
+            thr = (1.0 + self.expected_accepted(d)) / cost.relative(d + 1)
+            if thr > best[1] + 1e-9:
+                best = (d, thr)
+        return best
+
+    def update(self, accepted: int, full: bool) -> None:
+        self.s1 *= EMA_DECAY
+        self.f1 *= EMA_DECAY
+        if accepted >= 1:
+            self.s1 += 1.0
+            self.s2 = self.s2 * EMA_DECAY + (accepted - 1)
+            self.f2 *= EMA_DECAY
+            if not full:
+                self.f2 += 1.0
+        else:
+            self.f1 += 1.0
+
+
+def harmonic(k: int) -> float:
+    return sum(1.0 / i for i in range(1, k + 1))
+
+
+@dataclass
+class CopyFollower:
+    """Where the copy that has been right so far continues (see the module docstring).
+
+    ``pointer``: the context position whose token the next generated token should equal;
+    ``streak``: consecutive rounds whose copied draft was accepted in full."""
+
+    max_copy: int = 64
+    pointer: int | None = None
+    streak: int = 0
+    _drafted: int = 0  # length of the copy drafted this round (0: this round did not follow)
+
+    def length(self, base: int) -> int:
+        """The draft length of a followed copy: ``base`` doubled per round of the streak."""
+        return min(self.max_copy, base * 2 ** min(self.streak, 6))
+
+    def continuation(self, tokens: Sequence[int], length: int, eos) -> list[int]:
+        """The next ``length`` tokens of the followed span (empty when there is none)."""
+        p = self.pointer
+        if p is None or not 0 < p < len(tokens) or tokens[p - 1] != tokens[-1]:
+            return []
+        out = []
+        for t in tokens[p:min(p + length, len(tokens))]:
+            if t in eos:
+                break
+            out.append(int(t))
+        return out
+
+    def drafted(self, n: int) -> None:
+        self._drafted = n
+
+    def observe(self, copy_from: int | None, draft_len: int, accepted: int,
+                committed: Sequence[int], context: Sequence[int]) -> None:
+        """After a chain round copied ``draft_len`` tokens from ``copy_from``: keep following
+        when everything was accepted and the target's own token continued the span too."""
+        followed, self._drafted = self._drafted, 0
+        if copy_from is None or draft_len == 0 or accepted < draft_len:
+            self.pointer, self.streak = None, 0
+            return
+        nxt = copy_from + draft_len
+        if nxt < len(context) and len(committed) > draft_len and \
+                int(committed[draft_len]) == int(context[nxt]):
+            self.pointer = nxt + 1
+            self.streak = self.streak + 1 if followed else 1
+        else:
+            self.pointer, self.streak = None, 0
