@@ -251,6 +251,16 @@ def trace_view(trace: Trace, prefix: str, downloads: bool = True) -> None:
             st.plotly_chart(viz.fig_confidence_calibration(view), width="stretch",
                             config=PLOTLY_CONFIG, key=f"{prefix}_fig_calib")
 
+    if trace.meta.get("cost_model"):
+        with st.expander("Verify cost on this machine (what longer drafts cost)"):
+            st.caption("Measured on the loaded model when the first run started, then refined "
+                       "from every round's own verify forward. On a CPU the curve is a step: "
+                       "one new token runs matrix-vector kernels, two or more run "
+                       "matrix-matrix kernels. AdaPLD (cost = auto) picks its draft length "
+                       "from this curve.")
+            st.plotly_chart(viz.fig_cost_curve(view), width="stretch", config=PLOTLY_CONFIG,
+                            key=f"{prefix}_fig_cost")
+
     if downloads and trace.rounds:
         st.markdown("##### Download")
         d = st.columns(3)

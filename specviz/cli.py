@@ -110,6 +110,11 @@ def cmd_bench(args) -> int:
                               top_p=args.top_p, seed=args.seed).validate()
     prompts = []
     for d in args.data:
+        if d.startswith("edit:"):  # edit:MBPP_FILE[:N[:START]] -> the code-editing prompt set
+            from .editset import load_edit_spec
+
+            prompts += load_edit_spec(d)
+            continue
         limit = args.limit
         head, _, tail = d.rpartition(":")
         if head and tail.isdigit():  # FILE:N overrides --limit for that file
@@ -269,7 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="'default' (embedded SmolLM2-135M-Instruct), a HF id or a local folder")
     p.add_argument("--device", default=None)
     p.add_argument("--data", action="append", required=True,
-                   help="prompt file (GSM8K, Spec-Bench, MBPP, Alpaca jsonl, .txt); FILE:N keeps "
+                   help="prompt file (GSM8K, Spec-Bench, MBPP, Alpaca jsonl, .txt, or edit:MBPP_FILE[:N[:START]] "
+                        "for code-editing prompts built from MBPP); FILE:N keeps "
                    "N prompts per category; repeatable")
     p.add_argument("--limit", type=int, default=None, help="first N prompts per category")
     p.add_argument("--out", default="rollouts")

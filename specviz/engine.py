@@ -267,6 +267,8 @@ class Session:
             "prefill_time": self.prefill_time,
             "stop_reason": self.stop_reason,
             "eos_token_ids": sorted(self.eos),
+            "cost_model": (lambda m: m.to_dict() if m is not None else None)(
+                cached_model(self.target)),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
         return Trace(meta=meta, prompt_ids=list(self.prompt_ids), rounds=list(self.rounds),

@@ -92,3 +92,22 @@ def test_auto_cost_measures_the_loaded_target_and_rounds_refine_it(tiny_target):
     assert model.observations >= tr.num_rounds       # every verify forward was observed
     assert all(r.t_forward > 0 for r in tr.rounds)
     assert tr.meta["drafter_config"]["cost"] == "auto"
+
+
+def test_cost_curve_chart_and_speedup_estimate_read_the_trace():
+    from specviz import viz
+    from specviz.trace import Round, Trace
+
+    cm = CostModel.from_points([(1, 1.0), (2, 1.7), (16, 2.5)], step_time=0.05).to_dict()
+    rounds = [Round(index=i, start=10 + 3 * i, drafter="adapld", draft=[1, 2], accepted=2,
+                    committed=[1, 2, 3], t_draft=0.001, t_verify=0.09, t_forward=0.085)
+              for i in range(4)]
+    tr = Trace(meta={"cost_model": cm}, prompt_ids=list(range(10)), rounds=rounds)
+    fig = viz.fig_cost_curve(tr)
+    assert [d.name for d in fig.data] == ["cost model c(k)", "this run's forwards"]
+    assert list(fig.data[1].x) == [3] * 4 and abs(fig.data[1].y[0] - 1.7) < 1e-9
+    est = viz.speedup_estimate(tr)  # no plain round: the model's one-token time is the step
+    assert est.step_time == 0.05 and abs(est.value - 3 * 0.05 / 0.091) < 1e-9
+    assert "verify-cost model" in est.explain()
+    empty = viz.fig_cost_curve(Trace(meta={}, prompt_ids=[1], rounds=rounds))
+    assert "No verify-cost model" in empty.layout.annotations[0].text

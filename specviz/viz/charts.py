@@ -208,3 +208,32 @@ def fig_confidence_calibration(trace: Trace, bins: int = 5) -> go.Figure:
     _layout(fig, "Confidence vs acceptance (tokens the target judged)", "drafter confidence",
             "accepted", empty=have.empty)
     return fig
+
+
+def fig_cost_curve(trace: Trace) -> go.Figure:
+    """The verify-cost model c(k) the run planned with (specviz.costs: measured on the loaded
+    target, refined online) and this run's own forwards, each as (k, forward time / one-token
+    time): where the dots sit above the line, longer drafts cost more than planned."""
+    fig = go.Figure()
+    cm = trace.meta.get("cost_model") or {}
+    pts = [(int(k), float(c)) for k, c in cm.get("points") or []]
+    step = float(cm.get("step_time") or 0.0)
+    if pts:
+        fig.add_scatter(x=[k for k, _ in pts], y=[c for _, c in pts], mode="lines+markers",
+                        name="cost model c(k)", line=dict(color=CHART_COLORS["rate"], width=3),
+                        hovertemplate="k=%{x}: c=%{y:.2f}<extra></extra>")
+    seen = [(1 + len(r.draft), r.t_forward / step) for r in trace.rounds
+            if step > 0 and r.t_forward > 0]
+    if seen:
+        fig.add_scatter(x=[k for k, _ in seen], y=[c for _, c in seen], mode="markers",
+                        name="this run's forwards", marker=dict(color="#0f172a", size=6,
+                                                                opacity=0.5),
+                        hovertemplate="k=%{x}: %{y:.2f} × a one-token forward<extra></extra>")
+    _layout(fig, f"Verify cost on this machine (one-token forward {step * 1000:.0f} ms)"
+            if step else "Verify cost on this machine", "tokens in the verify forward (k)",
+            "cost relative to k = 1", empty=not pts)
+    if not pts:
+        fig.layout.annotations[0].text = "No verify-cost model was measured for this run"
+    else:
+        fig.update_xaxes(type="log", dtick=0.30103)
+    return fig

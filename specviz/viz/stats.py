@@ -86,9 +86,14 @@ def speedup_estimate(trace: Trace) -> SpeedupEstimate:
     if round_time <= 0:
         return SpeedupEstimate(None, None, None, "")
     plain = [t for r, t in zip(rounds, times) if not r.draft]
+    model_step = float((trace.meta.get("cost_model") or {}).get("step_time") or 0.0)
     if plain:
         step = statistics.median(plain)
         basis = f"the median of this run's {len(plain)} round(s) without a draft"
+    elif model_step > 0:
+        step = model_step
+        basis = ("the one-token forward time of the verify-cost model measured on this machine "
+                 "(calibrated at start, refined by every round)")
     else:
         step = statistics.median(r.t_verify for r in rounds)
         basis = ("the median verify time of this run's rounds (no round without a draft yet, "
