@@ -387,7 +387,7 @@ def test_highly_repetitive_prompt_grows_draft_length_on_the_engine(tiny_target):
     grew = 0
     for _ in range(8):
         ids = repetitive_prompt(rng, 64, 30)
-        tr = generate(tiny_target, "adapld", ids, DecodeSettings(max_new_tokens=60))
+        tr = generate(tiny_target, "adapld", ids, DecodeSettings(max_new_tokens=60), cost="cpu")
         lens = [r.extras["draft_len"] for r in tr.rounds if r.draft]
         if lens and max(lens) > lens[0] and max(lens) >= 5:
             grew += 1

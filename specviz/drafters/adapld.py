@@ -91,6 +91,10 @@ MAX_MATCHES_PER_NGRAM = 64     # most recent occurrences examined per suffix n-g
 RECENCY_SCALE = 64.0           # tokens; recency term = 1 / (1 + distance / scale)
 W_NGRAM, W_RECENCY, W_VOTES = 0.5, 0.2, 0.3
 ON_MARGIN = 0.03               # a draft must beat plain decoding by 3% of a step to be worth it
+#: sources judged on their own record from the start (the default prior), not on the pooled
+#: estimate: an exact match of two or more tokens is the evidence lookup rests on, and one
+#: failing semantic source must not pause it before it was ever tried
+OWN_PRIOR = ("lex2", "lex3")
 ALT_GAIN_PRIOR = 0.25          # prior extra accepted tokens per alternative branch (harmonic)
 ALT_GAIN_DRIFT = 0.02          # per chain round, alt_gain drifts back towards the prior
 _UNSET: Any = object()
@@ -559,6 +563,8 @@ class AdaPLDDrafter(Drafter):
         new kind of match does not get a fresh optimistic budget; if even that estimate does
         not pay, it starts switched off (first probe after 4 rounds)."""
         st = self.stats.get(source)
+        if st is None and source in OWN_PRIOR:
+            st = self.stats[source] = SourceStats()
         if st is None:
             g = self.pooled
             st = SourceStats(2.0 * g.a1, 2.0 * (1.0 - g.a1), 2.0 * g.a2, 2.0 * (1.0 - g.a2))
@@ -666,14 +672,17 @@ class AdaPLDDrafter(Drafter):
         return draft
 
     def _follow(self, ctx: DraftContext) -> Draft | None:
-        """A long copy: the span that was right last round, continued (CopyFollower)."""
+        """A long copy: the span that was right last round, continued -- or re-found near
+        where an edit interrupted it (CopyFollower)."""
         fol = self.follower
-        if not self.adaptive or self.max_copy <= self.max_draft or fol.pointer is None:
+        if not self.adaptive or self.max_copy <= self.max_draft:
             return None
         tokens = ctx.tokens
         self.index.sync(tokens)
-        cont = fol.continuation(tokens, min(fol.length(self.max_draft), int(ctx.max_draft)),
-                                self.eos_token_ids)
+        if fol.pointer is None:
+            fol.pointer = fol.resync(tokens, self.max_ngram)
+        cont = fol.continuation(tokens, min(fol.length(self.max_draft, self.cost_model),
+                                            int(ctx.max_draft)), self.eos_token_ids)
         if not cont:
             fol.pointer, fol.streak = None, 0
             return None

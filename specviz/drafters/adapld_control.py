@@ -17,7 +17,7 @@ retrieval source has delivered and what a longer verify costs on this machine.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..costs import CostModel, cost_model_for
@@ -91,21 +91,48 @@ def harmonic(k: int) -> float:
     return sum(1.0 / i for i in range(1, k + 1))
 
 
+COPY_PRIOR = (1.8, 0.2, 3.6, 0.4)  # a copy in step is usually right: a1 = 0.9, a2 = 0.9
+RESYNC = (-2, 24, 6)  # after a break, look for the copy again at anchor-2 .. anchor+24, 6 rounds
+
+
 @dataclass
 class CopyFollower:
     """Where the copy that has been right so far continues (see the module docstring).
 
-    ``pointer``: the context position whose token the next generated token should equal;
-    ``streak``: consecutive rounds whose copied draft was accepted in full."""
+    ``pointer``: the context position whose token the next generated token should equal (the
+    copy is in step); ``streak``: consecutive rounds whose copied draft was accepted in full;
+    ``anchor``: where an interrupted copy stood -- an edit (a renamed identifier, an inserted
+    comment) breaks the copy for a few tokens, after which the text resumes a little further
+    on in the same span, so the next rounds look for it there first (``resync``)."""
 
     max_copy: int = 64
     pointer: int | None = None
     streak: int = 0
+    anchor: int | None = None
+    anchor_age: int = 0
+    stats: SourceStats = field(default_factory=lambda: SourceStats(*COPY_PRIOR))
     _drafted: int = 0  # length of the copy drafted this round (0: this round did not follow)
 
-    def length(self, base: int) -> int:
-        """The draft length of a followed copy: ``base`` doubled per round of the streak."""
-        return min(self.max_copy, base * 2 ** min(self.streak, 6))
+    def length(self, base: int, cost: CostModel) -> int:
+        """Draft length of a followed copy: at most ``base`` doubled per round of the streak
+        (up to ``max_copy``), and no longer than pays for itself under ``cost``."""
+        cap = min(self.max_copy, base * 2 ** min(self.streak, 6))
+        return self.stats.best_length(cap, cost)[0] if self.streak else cap
+
+    def resync(self, tokens: Sequence[int], max_n: int = 4) -> int | None:
+        """Re-find an interrupted copy near its anchor: the position right after the longest
+        match (>= 2 tokens, or 1 token at most 4 past the anchor) of the context's suffix."""
+        if self.anchor is None:
+            return None
+        L, best = len(tokens), (0, None)
+        for q in range(max(1, self.anchor + RESYNC[0]), min(L - 1, self.anchor + RESYNC[1])):
+            m = 0
+            while m < max_n and q - 1 - m >= 0 and tokens[q - 1 - m] == tokens[L - 1 - m]:
+                m += 1
+            ok = m >= 2 or (m == 1 and q <= self.anchor + 4)
+            if ok and m > best[0]:
+                best = (m, q)
+        return best[1]
 
     def continuation(self, tokens: Sequence[int], length: int, eos) -> list[int]:
         """The next ``length`` tokens of the followed span (empty when there is none)."""
@@ -125,15 +152,28 @@ class CopyFollower:
     def observe(self, copy_from: int | None, draft_len: int, accepted: int,
                 committed: Sequence[int], context: Sequence[int]) -> None:
         """After a chain round copied ``draft_len`` tokens from ``copy_from``: keep following
-        when everything was accepted and the target's own token continued the span too."""
+        when everything was accepted and the target's own token continued the span too;
+        otherwise remember where the copy broke (the anchor for :meth:`resync`)."""
         followed, self._drafted = self._drafted, 0
-        if copy_from is None or draft_len == 0 or accepted < draft_len:
-            self.pointer, self.streak = None, 0
+        if followed:
+            self.stats.update(accepted, accepted >= draft_len)
+        if copy_from is None or draft_len == 0:
+            self._lost()
             return
-        nxt = copy_from + draft_len
-        if nxt < len(context) and len(committed) > draft_len and \
-                int(committed[draft_len]) == int(context[nxt]):
-            self.pointer = nxt + 1
+        nxt = copy_from + min(accepted, draft_len)
+        if accepted >= draft_len and nxt < len(context) and len(committed) > draft_len \
+                and int(committed[draft_len]) == int(context[nxt]):
+            self.pointer, self.anchor, self.anchor_age = nxt + 1, nxt + 1, 0
             self.streak = self.streak + 1 if followed else 1
         else:
             self.pointer, self.streak = None, 0
+            if accepted or followed:
+                self.anchor, self.anchor_age = nxt, 0
+            else:
+                self._lost()
+
+    def _lost(self) -> None:
+        self.pointer, self.streak = None, 0
+        self.anchor_age += 1
+        if self.anchor_age > RESYNC[2]:
+            self.anchor = None
