@@ -39,8 +39,9 @@ def render_terminal(trace, color: bool = True, show_rejected: bool = True) -> st
     return "".join(f"{style.get(v.kind, YELLOW)}{v.text}{RESET}" for v in views)
 
 
-def _print_summary(trace, file=sys.stdout) -> None:
+def _print_summary(trace, file=None) -> None:
     """One line of headline numbers: :meth:`Trace.summary` (specviz.analysis.metrics)."""
+    file = file or sys.stdout
     s = trace.summary()
     print(f"\nmethod={s['method']}  tau={s['tau']:.2f} (tokens/round)  "
           f"target forwards={s['target_forwards']}  "
