@@ -74,7 +74,7 @@ import torch
 from ..errors import SettingsError
 from ..tree import TokenTree
 from .adapld_control import (COST_CHOICES, EMA_DECAY, PROBE_GAPS, CopyFollower, SourceStats,
-                             cost_curve, harmonic)
+                             continuation, cost_curve, harmonic)
 from .base import Draft, DraftContext, Drafter, VerifyFeedback
 from .registry import MethodSpec, ParamSpec, params_by_name
 
@@ -337,15 +337,6 @@ class Candidate:
                 "votes": int(self.votes), "tokens": [int(t) for t in toks]}
 
 
-def _continuation(tokens: Sequence[int], start: int, length: int, eos: set[int]) -> list[int]:
-    out = []
-    for t in tokens[start:min(start + length, len(tokens))]:
-        if t in eos:
-            break
-        out.append(int(t))
-    return out
-
-
 def lexical_candidates(index: NgramIndex, length: int, eos: set[int] | frozenset = frozenset(),
                        max_ngram: int | None = None, min_ngram: int | None = None,
                        ) -> tuple[int, list[Candidate]]:
@@ -373,7 +364,7 @@ def lexical_candidates(index: NgramIndex, length: int, eos: set[int] | frozenset
             if e in seen_ends:
                 continue
             seen_ends.add(e)
-            cont = _continuation(toks, e, length, eos)
+            cont = continuation(toks, e, length, eos)
             if cont:
                 raw.append((n, e, cont))
                 found = True
@@ -443,7 +434,7 @@ def semantic_candidates(windex: WindowIndex, tokens: Sequence[int], length: int,
             return []
     out = []
     for p, sim in windex.query(tokens, top_k, threshold, ends):
-        cont = _continuation(tokens, p, length, eos)
+        cont = continuation(tokens, p, length, eos)
         if cont:
             out.append(Candidate("semantic", cont, (p - windex.window, p), float(sim),
                                  similarity=float(sim)))

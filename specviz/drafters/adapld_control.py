@@ -87,6 +87,17 @@ class SourceStats:
             self.f1 += 1.0
 
 
+def continuation(tokens: Sequence[int], start: int, length: int, eos) -> list[int]:
+    """Up to ``length`` context tokens from ``start`` (never past the end), stopping before an
+    EOS: what a copy from ``start`` drafts."""
+    out = []
+    for t in tokens[start:min(start + length, len(tokens))]:
+        if t in eos:
+            break
+        out.append(int(t))
+    return out
+
+
 def harmonic(k: int) -> float:
     return sum(1.0 / i for i in range(1, k + 1))
 
@@ -139,12 +150,7 @@ class CopyFollower:
         p = self.pointer
         if p is None or not 0 < p < len(tokens) or tokens[p - 1] != tokens[-1]:
             return []
-        out = []
-        for t in tokens[p:min(p + length, len(tokens))]:
-            if t in eos:
-                break
-            out.append(int(t))
-        return out
+        return continuation(tokens, p, length, eos)
 
     def drafted(self, n: int) -> None:
         self._drafted = n
