@@ -168,7 +168,7 @@ def test_tokens_html_empty_trace(trace):
 def test_legend_explains_every_kind():
     h = viz.legend_html()
     for cls in ("tok accepted", "tok bonus t-correction", "tok bonus t-bonus",
-                "tok bonus t-nodraft", "tok rejected"):
+                "tok bonus t-nodraft", "tok rejected first", "tok rejected unjudged"):
         assert f'class="{cls}"' in h
     assert "rejected" in h and "bonus" in h and "correction" in h
 
@@ -303,3 +303,18 @@ def test_slot_confidence_chart_and_calibration(trace):
     viz.fig_slot_confidence(t, 2).to_json()
     viz.fig_confidence_calibration(trace).to_json()
     viz.fig_slot_confidence(trace, 0).to_json()
+
+
+def test_the_first_mismatch_is_marked_apart_with_the_targets_choice(trace):
+    rej = [v for v in viz.token_views(trace) if v.kind == "rejected"]
+    # round 1: 11 was judged and rejected (the target wanted 20), 12 was never judged;
+    # round 4 (tree): node 1 is a root child beside the accepted node 0 -> judged, rejected
+    assert [(v.token_id, v.status) for v in rej] == [(11, "first_rejected"), (12, "not_reached"),
+                                                     (41, "rejected")]
+    assert rej[0].target_argmax == 20 and rej[0].target_argmax_p == 0.6
+    h = viz.tokens_html(trace)
+    first = re.search(r'<span class="tok rejected first"[^>]*>(.*?)</span></span>', h).group(1)
+    assert 'class="want">target:  w20 60%' in first
+    unjudged = re.search(r'<span class="tok rejected unjudged" title="([^"]*)"', h).group(1)
+    assert "never judged" in unjudged and "target prob p" not in unjudged
+    assert h.count('class="want"') == 1

@@ -7,7 +7,10 @@ Every generated token is drawn as a box whose colour says where it came from:
 * ``tok bonus t-bonus``      — the target's own token after a fully accepted draft (a bonus),
 * ``tok bonus t-nodraft``    — the target's own token in a round without a draft,
 * ``tok rejected``           — a draft token of the round's rejected suffix (never committed),
-  drawn struck-through right where it was rejected (before the correction that replaced it).
+  drawn struck-through right where it was rejected (before the correction that replaced it);
+  ``first`` marks the token the target actually judged and rejected (the target's own choice
+  and its probability are written under it), ``unjudged`` the knock-on tokens after it (never
+  judged on a correct prefix, so no probability is shown for them).
 
 Hovering a box shows its round, position and the drafter / target probabilities. The spans are
 built from a :class:`~specviz.trace.Trace` only (``token_views`` gives the same data as records,
@@ -56,13 +59,17 @@ class TokenView:
     p: float | None = None     # target probability of this token (None: not recorded)
     target_argmax: int | None = None  # what the target predicted at this position
     selected: bool = False     # belongs to the highlighted round
+    status: str | None = None  # a rejected token's node status: first_rejected (the target
+    #                            disagreed here), rejected (a tree sibling) or not_reached
+    target_argmax_p: float | None = None  # the target's probability of its own choice there
 
     @property
     def css_class(self) -> str:
         if self.kind == "accepted":
             base = "tok accepted"
         elif self.kind == "rejected":
-            base = "tok rejected"
+            base = "tok rejected" + {"first_rejected": " first", "not_reached": " unjudged"}.get(
+                self.status or "", "")
         else:
             base = f"tok bonus t-{self.kind}"
         return base + (" sel" if self.selected else "")
@@ -77,13 +84,14 @@ def _get(lst, i):
 
 
 def round_views(r: Round, prompt_len: int, texts: dict[int, str], show_rejected: bool = True,
-                selected: bool = False) -> list[TokenView]:
+                selected: bool = False, sampling: bool = False) -> list[TokenView]:
     """The tokens of one round in reading order: accepted, rejected suffix, target token."""
     kind = r.kind
     out: list[TokenView] = []
     committed = list(r.committed)
     path = r.path
     depths = r.tree.depths
+    status = r.node_status(sampling=sampling)
 
     def view(k, tid, pos, q=None, p=None, amax=None):
         return TokenView(kind=k, token_id=int(tid), text=texts.get(int(tid), f"<{tid}>"),
@@ -91,8 +99,12 @@ def round_views(r: Round, prompt_len: int, texts: dict[int, str], show_rejected:
                          target_argmax=amax, selected=selected)
 
     def draft_view(k, node, pos):
-        return view(k, r.draft[node], pos, q=_get(r.q_draft, node), p=_get(r.p_draft, node),
-                    amax=_get(r.target_argmax, r.node_row(node)))
+        v = view(k, r.draft[node], pos, q=_get(r.q_draft, node), p=_get(r.p_draft, node),
+                 amax=_get(r.target_argmax, r.node_row(node)))
+        v.status = status[node] if k == "rejected" else None
+        if v.status == "first_rejected":
+            v.target_argmax_p = _get(r.target_argmax_prob, r.node_row(node))
+        return v
 
     for j in range(min(r.accepted, len(committed), len(path))):
         out.append(draft_view("accepted", path[j], r.start + j))
@@ -113,11 +125,12 @@ def token_views(trace: Trace, rejected: str = "all",
     if rejected not in ("all", "selected", "none"):
         raise ValueError("rejected must be 'all', 'selected' or 'none'")
     prompt_len = int(trace.meta.get("prompt_len") or len(trace.prompt_ids))
+    sampling = float((trace.meta.get("settings") or {}).get("temperature") or 0.0) > 0.0
     out: list[TokenView] = []
     for r in trace.rounds:
         sel = selected_round is not None and r.index == selected_round
         show = rejected == "all" or (rejected == "selected" and sel)
-        out.extend(round_views(r, prompt_len, trace.token_texts, show, sel))
+        out.extend(round_views(r, prompt_len, trace.token_texts, show, sel, sampling))
     return out
 
 
@@ -138,7 +151,10 @@ def token_title(v: TokenView, texts: dict[int, str]) -> str:
     lines = [f"Round {v.round + 1} · position {v.position} (output token {v.output_index + 1})",
              KIND_LABELS.get(v.kind, v.kind),
              f"token {v.token_id}: {texts.get(v.token_id, '')!r}"]
-    if v.kind in ("accepted", "rejected"):
+    if v.status == "not_reached":
+        lines.append("never judged: it came after the first rejected token, so the target saw "
+                     "it only on a wrong prefix")
+    elif v.kind in ("accepted", "rejected"):
         q = "point mass (deterministic draft)" if v.q is None else _fmt_prob(v.q)
         lines.append(f"drafter prob q: {q}")
         lines.append(f"target prob p: {_fmt_prob(v.p)}")
@@ -165,6 +181,12 @@ TOKEN_CSS = """
 .specviz-tokens .tok.bonus.t-nodraft{background:#f1f5f9;border-color:#94a3b8;color:#1e293b;}
 .specviz-tokens .tok.rejected{background:#fee2e2;border:1px dashed #dc2626;color:#991b1b;
  text-decoration:line-through;text-decoration-thickness:1.5px;opacity:0.55;font-size:0.78em;}
+.specviz-tokens .tok.rejected.first{opacity:0.95;border:2px solid #dc2626;font-size:0.86em;
+ position:relative;margin-bottom:1.1em;}
+.specviz-tokens .tok.rejected.unjudged{opacity:0.4;border-style:dotted;}
+.specviz-tokens .tok .want{position:absolute;left:0;top:100%;margin-top:1px;white-space:pre;
+ font-size:0.72rem;line-height:1.1;color:#7c2d12;background:#fff7ed;border:1px solid #fdba74;
+ border-radius:3px;padding:0 3px;text-decoration:none;display:inline-block;}
 .specviz-tokens .tok.sel{box-shadow:0 2px 0 0 #4338ca;}
 .specviz-tokens .tok.rejected.sel{opacity:0.95;}
 .specviz-tokens .rsep{display:inline-block;width:2px;height:1.25em;background:#cbd5e1;
@@ -180,10 +202,21 @@ TOKEN_CSS = """
 .specviz-legend .tok.bonus.t-nodraft{background:#f1f5f9;border-color:#94a3b8;color:#1e293b;}
 .specviz-legend .tok.rejected{background:#fee2e2;border:1px dashed #dc2626;color:#991b1b;
  text-decoration:line-through;}
+.specviz-legend .tok.rejected.first{border:2px solid #dc2626;}
+.specviz-legend .tok.rejected.unjudged{opacity:0.45;border-style:dotted;}
 .specviz-legend .rsep{display:inline-block;width:2px;height:1.1em;background:#cbd5e1;
  margin-right:0.4rem;vertical-align:middle;}
 </style>
 """
+
+
+def _wanted_html(v: TokenView, texts: dict[int, str]) -> str:
+    """Under the first rejected token: what the target chose there, and how sure it was."""
+    if v.status != "first_rejected" or v.target_argmax is None or v.target_argmax < 0:
+        return ""
+    p = "" if v.target_argmax_p is None else f" {float(v.target_argmax_p):.0%}"
+    return (f'<span class="want">target: {visible_text(texts.get(v.target_argmax, ""))}{p}'
+            '</span>')
 
 
 def tokens_html(trace: Trace, rejected: str = "all", selected_round: int | None = None,
@@ -202,7 +235,8 @@ def tokens_html(trace: Trace, rejected: str = "all", selected_round: int | None 
         last_round = v.round
         title = html.escape(token_title(v, texts), quote=True).replace("\n", "&#10;")
         parts.append(f'<span class="{v.css_class}" title="{title}" data-round="{v.round}" '
-                     f'data-pos="{v.position}">{visible_text(v.text)}</span>')
+                     f'data-pos="{v.position}">{visible_text(v.text)}{_wanted_html(v, texts)}'
+                     '</span>')
         if "\n" in v.text and v.kind != "rejected":
             parts.append("<br>")
     parts.append("</div>")
@@ -216,7 +250,10 @@ def legend_html(include_css: bool = False) -> str:
         ("tok bonus t-correction", "the", "target's token: correction at the first mismatch"),
         ("tok bonus t-bonus", "the", "target's token: bonus after a fully accepted draft"),
         ("tok bonus t-nodraft", "the", "target's token, no draft (plain step)"),
-        ("tok rejected", "the", "rejected draft token (never committed)"),
+        ("tok rejected first", "the", "first rejected draft token: the target disagreed "
+         "here (its own choice is shown below it)"),
+        ("tok rejected unjudged", "the", "later draft tokens: never judged (they followed a "
+         "rejected token)"),
     ]
     parts = [TOKEN_CSS if include_css else "", '<div class="specviz-legend">']
     for cls, sample, label in items:
