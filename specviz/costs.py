@@ -336,6 +336,24 @@ def cached_model(target) -> CostModel | None:
         return _CACHE.get(model_key(target))
 
 
+#: c(k) timed once with torch on 1 thread on a busy 2-core CPU (the ``cost="cpu"`` curve)
+FIXED_CPU_CURVE = ((1, 1.0), (2, 1.08), (3, 1.3), (4, 1.6), (8, 2.1), (16, 2.6), (32, 3.4),
+                   (64, 5.0), (257, 14.0))
+COST_CHOICES = ("auto", "cpu", "flat")
+
+
+def cost_curve(choice: str, target=None) -> CostModel:
+    """The curve a drafter plans with: ``auto`` = :func:`cost_model_for` the target (measured,
+    refined online; flat on an accelerator), ``flat`` = the accelerator curve, ``cpu`` = the
+    fixed curve timed once on a busy 2-core CPU with torch on 1 thread (reproducible tables,
+    deterministic tests; also the fallback without a real target)."""
+    if choice == "flat":
+        return CostModel.flat()
+    if choice == "auto" and all(hasattr(target, a) for a in ("model", "name", "device")):
+        return cost_model_for(target)
+    return CostModel.from_points(FIXED_CPU_CURVE, kind="fixed", frozen=True)
+
+
 def clear_cache() -> None:
     """Forget every cached cost model (tests; a changed machine)."""
     with _CACHE_LOCK:

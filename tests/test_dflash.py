@@ -123,7 +123,7 @@ def test_published_layout_loads_strictly_and_runs(tmp_path, qwen3_target):
     cfg = published_config()
     weights = published_weights(cfg)
     folder = write_checkpoint(tmp_path / "ckpt", cfg, weights)
-    drafter = make_drafter("dflash", qwen3_target, checkpoint=str(folder))
+    drafter = make_drafter("dflash", qwen3_target, checkpoint=str(folder), cut="off")  # whole blocks
     assert isinstance(drafter, DFlashDrafter)
     want = PUBLISHED_GLOBAL + [f"layers.{i}.{n}" for i in range(2) for n in PUBLISHED_LAYER]
     sd = drafter.model.state_dict()
@@ -218,7 +218,7 @@ def test_greedy_lossless_and_cache_consistent(kind, tiny_target, qwen3_target):
                                       mask_token_id=None if i % 2 else vocab - 1)
         ids = random_prompt(rng, vocab)
         s = DecodeSettings(max_new_tokens=rng.randint(8, 24))
-        drafter = DFlashDrafter(target, model=model)
+        drafter = DFlashDrafter(target, model=model, cut="off")
         sess = Session(target, drafter, ids, s)
         assert drafter.context_len == len(ids) - 1
         while sess.step() is not None:
@@ -242,7 +242,8 @@ def test_drafter_that_knows_the_answer_is_accepted(monkeypatch, tiny_target):
         s = DecodeSettings(max_new_tokens=24)
         ar = generate(target, "ar", ids, s).output_ids
         truth = ids + ar + [0] * 16
-        drafter = DFlashDrafter(target, model=new_dflash_for_target(target, block_size=6, seed=i))
+        drafter = DFlashDrafter(target, model=new_dflash_for_target(target, block_size=6, seed=i),
+                                cut="off")
 
         def oracle(tokens, _d=drafter, _truth=truth):
             nxt = _truth[len(tokens):len(tokens) + _d.block_size - 1]
@@ -278,7 +279,7 @@ def test_sampling_keeps_target_distribution(mode):
         used["accepted"] += sum(r.accepted for r in tr.rounds)
 
     def drafter_fn(seed):
-        return DFlashDrafter(target, model=model, draft_temperature=temp, seed=seed)
+        return DFlashDrafter(target, model=model, draft_temperature=temp, seed=seed, cut="off")
 
     counts, exact = first_two_token_counts(target, [3, 7, 5], drafter_fn, 3000,
                                            dict(temperature=0.9, top_p=0.95), on_trace=on_trace)

@@ -70,8 +70,9 @@ def test_replay_equals_session_for_a_hidden_state_drafter(tiny_target):
         model = new_dflash_for_target(tiny_target, num_layers=1, block_size=4, seed=i)
         layers = [j + 1 for j in model.target_layer_ids]
         ro = rollout_of(tiny_target, repetitive_prompt(rng, 64, 30), 20, layers)
-        live = live_run(tiny_target, DFlashDrafter(tiny_target, model=model), ro)
-        same_rounds(live, replay(DFlashDrafter(tiny_target, model=model), ro, tiny_target))
+        live = live_run(tiny_target, DFlashDrafter(tiny_target, model=model, cut="off"), ro)
+        same_rounds(live, replay(DFlashDrafter(tiny_target, model=model, cut="off"), ro,
+                                 tiny_target))
 
 
 def test_replay_runs_no_target_forward_and_checks_layers(tiny_target, monkeypatch):
@@ -96,9 +97,11 @@ def test_replay_equals_real_greedy_sessions_on_embedded_prompts(embedded_target,
     the rollout's features from one forward over the whole text; the live run's come from the
     prefill and the verify passes -- equal up to float rounding, which is tested here too.)"""
     layers = None
+    params = {"cut": "off"} if method == "dflash" else {}  # the cut plans with timed forwards
     if method == "dflash":
         layers = make_drafter("dflash", embedded_target).hidden_state_layers
     for row in example_prompts(2):
         ro = rollout_of(embedded_target, row["prompt"], 40, layers)
-        live = live_run(embedded_target, method, ro)
-        same_rounds(live, replay(make_drafter(method, embedded_target), ro, embedded_target))
+        live = live_run(embedded_target, method, ro, **params)
+        same_rounds(live, replay(make_drafter(method, embedded_target, **params), ro,
+                                 embedded_target))

@@ -20,26 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..costs import CostModel, cost_model_for
+from ..costs import COST_CHOICES, CostModel, cost_curve  # noqa: F401 (re-exported)
 
 EMA_DECAY = 0.85
 PRIOR = (1.2, 0.8, 1.4, 0.6)   # pseudo-counts (s1, f1, s2, f2): a1 = 0.6, a2 = 0.7 at the start
 PROBE_GAPS = (4, 32)           # first re-probe after 4 rounds, doubling up to 32
-#: c(k) timed once with torch on 1 thread on a busy 2-core CPU (the ``cost="cpu"`` curve)
-FIXED_CPU_CURVE = ((1, 1.0), (2, 1.08), (3, 1.3), (4, 1.6), (8, 2.1), (16, 2.6), (32, 3.4),
-                   (64, 5.0), (257, 14.0))
-COST_CHOICES = ("auto", "cpu", "flat")
-
-
-def cost_curve(choice: str, target=None) -> CostModel:
-    """The verify-cost model a drafter plans with (see the module docstring)."""
-    if choice == "flat":
-        return CostModel.flat()
-    if choice == "auto" and all(hasattr(target, a) for a in ("model", "name", "device")):
-        return cost_model_for(target)
-    return CostModel.from_points(FIXED_CPU_CURVE, kind="fixed", frozen=True)
-
-
 @dataclass
 class SourceStats:
     """Decayed acceptance counts of one retrieval source (for its best-ranked branch), plus its

@@ -60,8 +60,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import SettingsError
+from ..costs import cost_curve
 from ..models import ModelLoadError
 from .base import Draft, DraftContext, Drafter, VerifyFeedback
+from .block_cut import BlockCut
 from .context import ContextCache, tapped_features
 from .registry import MethodSpec, ParamSpec, params_by_name
 
@@ -82,6 +84,10 @@ PARAMS = params_by_name(
                    "verifies with rejection sampling)."),
     ParamSpec("seed", int, 0, range=(0, 2 ** 32 - 1), label="Drafter seed",
               help="Seeds the drafter's own sampler (draft temperature > 0)."),
+    ParamSpec("cut", str, "auto", choices=("auto", "off"), label="Cut the block",
+              help="auto = verify only the prefix of the block whose expected accepted tokens "
+                   "pay for the longer verify (measured cost model, calibrated confidence); "
+                   "off = always verify the whole block."),
 )
 
 
@@ -592,7 +598,7 @@ class DFlashDrafter(Drafter):
     def __init__(self, target=None, checkpoint: str | Path | None = None,
                  model: DFlashDraftModel | None = None, block_size: int | None = None,
                  draft_temperature: float = 0.0, seed: int = 0, dtype: str | torch.dtype | None = None,
-                 device: str | None = None):
+                 device: str | None = None, cut: str = "auto"):
         if target is None:
             raise SettingsError("dflash needs the target model (make_drafter('dflash', target, ...))")
         if checkpoint is not None:
@@ -600,6 +606,9 @@ class DFlashDrafter(Drafter):
         draft_temperature = PARAMS["draft_temperature"].check(draft_temperature)
         block_size = PARAMS["block_size"].check(None if block_size == "" else block_size)
         seed = PARAMS["seed"].check(seed)
+        self.cut_mode = PARAMS["cut"].check(cut)
+        self.cut: BlockCut | None = None
+        self._last_cut: tuple[list[float], int] | None = None
         if model is None:
             if checkpoint is None or not str(checkpoint).strip():
                 checkpoint = bundled_checkpoint(target)
@@ -667,6 +676,8 @@ class DFlashDrafter(Drafter):
             _check_compatible(self.model, target)
             self.target = target
         self._reset()
+        if self.cut_mode == "auto":  # the verify-cost model of this machine, learned afresh
+            self.cut = BlockCut(cost_curve("auto", target))
         if len(prompt_ids) > 1:
             self._append(prefill_hidden, None, 0)
 
@@ -707,6 +718,16 @@ class DFlashDrafter(Drafter):
         logits = self.block_logits(list(ctx.tokens))[:k].cpu()
         probs = torch.softmax(logits, dim=-1)
         conf, top = probs.max(-1)
+        if self.cut is not None:  # verify only the prefix that pays for itself (BlockCut)
+            block_conf = [float(c) for c in conf]
+            kept, value = self.cut.choose(block_conf)
+            self._last_cut = (block_conf, kept)
+            extras["cut"] = {"kept": kept, "block": k,
+                             "block_confidence": [round(c, 3) for c in block_conf],
+                             "value": [round(v, 3) for v in value]}
+            logits, conf, top = logits[:kept], conf[:kept], top[:kept]
+            if kept == 0:
+                return Draft(extras=extras)
         extras["confidence"] = [round(float(c), 6) for c in conf]
         if self.draft_temperature > 0:
             q = torch.softmax(logits / self.draft_temperature, dim=-1)
@@ -724,6 +745,10 @@ class DFlashDrafter(Drafter):
         start = int(rnd.start) - 1        # position of the verify input's row 0
         self._ctx.crop(start)
         self._append(feedback.hidden_states, rows, start)
+        if self.cut is not None and self._last_cut is not None:
+            block_conf, kept = self._last_cut
+            self.cut.observe(block_conf, kept, int(rnd.accepted), float(rnd.t_draft))
+        self._last_cut = None
 
     def config(self) -> dict[str, Any]:
         return {"checkpoint": self.checkpoint, "block_size": self.block_size,
@@ -732,7 +757,7 @@ class DFlashDrafter(Drafter):
                 "num_layers": len(self.model.layers), "draft_temperature": self.draft_temperature,
                 "mask": "learned" if self.model.learned_mask else int(self.model.mask_token_id),
                 "draft_vocab_size": None if self.model.draft_vocab is None
-                else int(self.model.draft_vocab.numel())}
+                else int(self.model.draft_vocab.numel()), "cut": self.cut_mode}
 
 
 SPECS = (MethodSpec("dflash", DFlashDrafter, "DFlash", "DFlash: block-diffusion drafter on the "
