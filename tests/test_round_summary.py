@@ -11,7 +11,7 @@ def test_round_sentence_generic():
     tr = make_trace()
     s = viz.round_summary_html(tr, 0)
     assert s.startswith('<div class="round-summary"') and "<b>Round 1</b> · pld" in s
-    assert "drafted 3 token(s) (lexical 2-gram" in s and "accepted <b>1</b>: <code> w10" in s
+    assert "drafted 3 token(s) (2-token match" in s and "accepted <b>1</b>: <code> w10" in s
     assert "rejected 2: <s> w11 w12</s>" in s and "target's correction token" in s
     assert "no draft (no n-gram match) → the target generated one token itself" in \
         viz.round_summary_html(tr, 1)

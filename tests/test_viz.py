@@ -190,7 +190,7 @@ def test_rounds_table(trace):
     assert df.loc[0, "rejected_text"] == " w11 w12"
     assert df.loc[0, "accepted_text"] == " w10" and df.loc[0, "target_token"] == " w20"
     assert df.loc[0, "p_first_rejected"] == 0.1
-    assert df.loc[0, "drafter_info"] == "lexical 2-gram at 1–3, copied 3–6"
+    assert df.loc[0, "drafter_info"] == "2-token match at positions 1–3, copied 3–6"
     assert df.loc[1, "drafter_info"] == "no n-gram match"
     assert df.loc[0, "output_pos"] == 1 and df.loc[1, "output_pos"] == 3
     csv = viz.to_csv_bytes(df).decode()
@@ -318,3 +318,24 @@ def test_the_first_mismatch_is_marked_apart_with_the_targets_choice(trace):
     unjudged = re.search(r'<span class="tok rejected unjudged" title="([^"]*)"', h).group(1)
     assert "never judged" in unjudged and "target prob p" not in unjudged
     assert h.count('class="want"') == 1
+
+
+def test_round_extras_read_as_words_with_nothing_raw():
+    def rnd(ex, draft=(5, 6)):
+        return Round(index=0, start=0, drafter="x", draft=list(draft), accepted=1,
+                     committed=[5, 7], extras=ex)
+
+    ada = viz.describe_extras(rnd({"retrieval": "none", "source": None, "alt_gain": 0.227412,
+                                   "alpha": None}))
+    assert ada == "no match in the context"
+    off = viz.describe_extras(rnd({"retrieval": "off", "source": "lex2"}))
+    assert "paused" in off
+    cut = viz.describe_extras(rnd({"block_size": 8, "confidence": [0.912345, 0.5],
+                                   "cut": {"kept": 2, "block": 7}}))
+    assert cut.startswith("block of 8 slots; verified 2 of 7")
+    whole = viz.describe_extras(rnd({"block_size": 8, "confidence": [0.9, 0.5]}))
+    assert whole == "block of 8 slots; drafter confidence 70% on average"
+    odd = viz.describe_extras(rnd({"gate": [0.123456789, None], "flag": True}))
+    assert odd == "gate: [0.123, —]; flag: yes"
+    for text in (ada, off, cut, whole, odd):
+        assert "null" not in text and "None" not in text and "{" not in text

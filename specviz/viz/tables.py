@@ -1,7 +1,6 @@
 """Tables (pandas) built from traces: the per-round table and the Compare page's tables."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -10,34 +9,13 @@ import pandas as pd
 from ..analysis import metrics
 from ..analysis.lossless import compare_outputs
 from ..trace import Round, Trace
+from .extras import describe_extras  # noqa: F401 (re-exported)
 from .stats import position_acceptance
 
 
 def join_tokens(ids: Iterable[int], texts: dict[int, str]) -> str:
     """Token ids as one readable string (newlines shown as ↵)."""
     return "".join(texts.get(int(t), f"<{t}>") for t in ids).replace("\n", "↵")
-
-
-def describe_extras(r: Round) -> str:
-    """A short human description of a drafter's extras (PLD's match, or compact JSON)."""
-    if not r.extras:
-        return ""
-    parts = []
-    for key, val in r.extras.items():
-        if key == "match":
-            if not val:
-                parts.append("no n-gram match")
-                continue
-            try:
-                a, b = val.get("span", [None, None])
-                c, d = val.get("copy_from", [None, None])
-                parts.append(f"{val.get('kind', 'match')} {val.get('ngram', '?')}-gram at "
-                             f"{a}–{b}, copied {c}–{d}")
-            except (AttributeError, TypeError, ValueError):
-                parts.append(f"match: {json.dumps(val, default=str)[:120]}")
-        else:
-            parts.append(f"{key}: {json.dumps(val, default=str)[:120]}")
-    return "; ".join(parts)
 
 
 def rounds_table(trace: Trace) -> pd.DataFrame:

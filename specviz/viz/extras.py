@@ -1,0 +1,85 @@
+"""What a drafter's round extras say, in words (for round sentences and the rounds table).
+
+Each drafter records its own extras (PLD: the n-gram match; AdaPLD: retrieval kind, source,
+matches, draft shape; DFlash: block size, per-slot confidence and where the block was cut).
+Known ones are described in plain language with units and rounding; unknown keys fall back to
+``key: value`` with floats rounded, so nothing raw (``null``, six-decimal lists) reaches a
+screen.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..trace import Round
+
+SOURCE_WORDS = {"lex1": "1-token match", "lex2": "2-token match", "lex3": "match of 3+ tokens",
+                "sem": "similar window (semantic)", "semfree": "similar window, no shared token",
+                "copy": "continuing the copy that was right last round"}
+
+
+def _value(v: Any) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    if isinstance(v, (list, tuple)):
+        shown = ", ".join(_value(x) for x in list(v)[:8])
+        return f"[{shown}{', …' if len(v) > 8 else ''}]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_value(x)}" for k, x in list(v.items())[:6]) + "}"
+    return str(v)
+
+
+def _pld(match) -> str:
+    if not match:
+        return "no n-gram match"
+    try:
+        a, b = match.get("span", [None, None])
+        c, d = match.get("copy_from", [None, None])
+        return f"{match.get('ngram', '?')}-token match at positions {a}–{b}, copied {c}–{d}"
+    except (AttributeError, TypeError, ValueError):
+        return f"match: {_value(match)}"
+
+
+def _adapld(ex: dict) -> str:
+    kind, src = ex.get("retrieval"), ex.get("source")
+    if kind == "off":
+        return f"{SOURCE_WORDS.get(src, 'this source')} is paused (it has not paid lately)"
+    if kind == "none" or not kind:
+        return "no match in the context"
+    words = f"{kind} retrieval: {SOURCE_WORDS.get(src, src or 'match')}"
+    if ex.get("streak"):
+        words += f", {ex['streak']} full round(s) in a row"
+    if int(ex.get("branches") or 0) > 1:
+        words += f"; a tree of {ex['branches']} branches"
+    return words + (" (probe)" if ex.get("probe") else "")
+
+
+def _dflash(ex: dict, r: Round) -> str:
+    cut = ex.get("cut")
+    words = f"block of {ex.get('block_size', '?')} slots"
+    if isinstance(cut, dict) and cut.get("block"):
+        kept, block = int(cut.get("kept", 0)), int(cut["block"])
+        if kept < block:
+            return (words + f"; verified {kept} of {block} drafted tokens (the rest would not "
+                    "pay for the longer verify)")
+    conf = ex.get("confidence") or []
+    if conf:
+        words += f"; drafter confidence {sum(conf) / len(conf):.0%} on average"
+    return words
+
+
+def describe_extras(r: Round) -> str:
+    """A short human description of a round's drafter extras."""
+    ex = r.extras or {}
+    if not ex:
+        return ""
+    if "match" in ex:
+        return _pld(ex["match"])
+    if "retrieval" in ex:
+        return _adapld(ex)
+    if "block_size" in ex:
+        return _dflash(ex, r)
+    return "; ".join(f"{k}: {_value(v)}" for k, v in ex.items())
