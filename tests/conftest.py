@@ -157,3 +157,15 @@ def greedy_lossless_runs(target, method: str, prompts: list[dict], max_new_token
                         f"{rep.first_divergence} (top-2 gap {rep.top2_gap})")
         out.append((ar, run, rep))
     return out
+
+
+def lossless_on_examples(target, method: str, n_per_category: int, allowed_ties: int,
+                         max_new_tokens: int = 40, **params) -> list[tuple]:
+    """``greedy_lossless_runs`` on >= 20 example prompts; at most ``allowed_ties`` outputs may
+    differ from AR (each a genuine near-tie)."""
+    prompts = example_prompts(n_per_category)
+    assert len(prompts) >= 20
+    runs = greedy_lossless_runs(target, method, prompts, max_new_tokens, **params)
+    identical = sum(rep.identical for _, _, rep in runs)
+    assert identical >= len(prompts) - allowed_ties, f"only {identical}/{len(prompts)} identical"
+    return runs

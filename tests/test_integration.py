@@ -3,17 +3,13 @@ import pytest
 
 from specviz.engine import DecodeSettings, generate
 
-from conftest import example_prompts, greedy_lossless_runs
+from conftest import lossless_on_examples
 
 pytestmark = pytest.mark.integration
 
 
 def test_pld_greedy_lossless_on_real_prompts(embedded_target):
-    prompts = example_prompts(5)  # 5 categories x 5 = 25 real prompts
-    assert len(prompts) >= 20
-    runs = greedy_lossless_runs(embedded_target, "pld", prompts, 40)
-    identical = sum(rep.identical for _, _, rep in runs)
-    assert identical >= len(prompts) - 2, f"only {identical}/{len(prompts)} identical"
+    runs = lossless_on_examples(embedded_target, "pld", 5, 2)  # 5 categories x 5 prompts
     assert all(pld.target_forwards <= ar.target_forwards for ar, pld, _ in runs)
     accepted = sum(r.accepted for _, pld, _ in runs for r in pld.rounds)
     assert accepted > 100  # PLD drafts really were accepted on these prompts
