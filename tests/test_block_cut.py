@@ -51,3 +51,18 @@ def test_dflash_with_the_cut_is_lossless_and_records_why(tiny_target):
             assert len(r.draft) == cut["kept"] <= cut["block"] <= 7
             assert len(cut["value"]) == cut["block"] + 1
             assert cut["value"][cut["kept"]] >= max(cut["value"]) - 1e-3  # (values rounded)
+
+
+def test_slot_chart_shows_where_the_block_was_cut():
+    from specviz import viz
+    from specviz.trace import Round, Trace
+
+    r = Round(index=0, start=3, drafter="dflash", draft=[5, 6], accepted=1, committed=[5, 9],
+              p_draft=[0.9, 0.2],
+              extras={"block_size": 5, "confidence": [0.9, 0.6],
+                      "cut": {"kept": 2, "block": 4, "block_confidence": [0.9, 0.6, 0.3, 0.2],
+                              "value": [1.0, 1.2, 1.3, 1.25, 1.1]}})
+    fig = viz.fig_slot_confidence(Trace(meta={}, prompt_ids=[1, 2, 3], rounds=[r]), 0)
+    cut = next(d for d in fig.data if d.name == "cut (not verified)")
+    assert list(cut.x) == [3, 4] and list(cut.y) == [0.3, 0.2]
+    assert any("cut after 2" in (a.text or "") for a in fig.layout.annotations)

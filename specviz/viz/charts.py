@@ -130,6 +130,24 @@ def has_confidence(trace: Trace) -> bool:
     return any(slot_confidences(r) for r in trace.rounds)
 
 
+def _draw_cut(fig: go.Figure, r, kept: int) -> None:
+    """Slots a block drafter filled but did not send to the target (the cost-aware cut of
+    specviz.drafters.block_cut), greyed, with a dashed line where the block was cut."""
+    cut = (r.extras or {}).get("cut")
+    if not isinstance(cut, dict):
+        return
+    block = [float(c) for c in cut.get("block_confidence") or []]
+    if len(block) <= kept:
+        return
+    xs = list(range(kept + 1, len(block) + 1))
+    fig.add_bar(x=xs, y=block[kept:], name="cut (not verified)", marker_color="#e2e8f0",
+                marker_line=dict(color="#94a3b8", width=1),
+                hovertemplate="slot %{x}: confidence %{y:.3f}, not worth a longer verify"
+                              "<extra>cut</extra>")
+    fig.add_vline(x=kept + 0.5, line=dict(color="#64748b", dash="dash"),
+                  annotation_text=f"cut after {kept}", annotation_position="top")
+
+
 def fig_slot_confidence(trace: Trace, round_index: int) -> go.Figure:
     """One round: the drafter's confidence in each draft slot, coloured by what the target did
     with it (accepted / first rejected / after the rejection), with the target's probability of
@@ -154,6 +172,7 @@ def fig_slot_confidence(trace: Trace, round_index: int) -> go.Figure:
                         textposition="outside", cliponaxis=False,
                         hovertemplate="slot %{x}: drafted %{text}<br>drafter confidence "
                                       "%{y:.3f}<extra>" + state + "</extra>")
+        _draw_cut(fig, r, len(conf))
         p = [float(v) for v in (r.p_draft or [])][:len(conf)]
         if p:
             fig.add_scatter(x=x[:len(p)], y=p, mode="markers", name="target p(draft token)",
