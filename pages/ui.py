@@ -185,21 +185,20 @@ def _rounds_dataframe(table) -> None:
                  })
 
 
-def trace_view(trace: Trace, prefix: str, downloads: bool = True) -> None:
-    """The whole explorer for ``trace``; widget keys start with ``prefix``."""
+def _scrub(trace: Trace, prefix: str) -> int:
+    """The 'show the run up to round' slider; returns the chosen round count."""
     n = len(trace.rounds)
     scrub_key = f"{prefix}_scrub"
-    if n > 1:
-        if st.session_state.get(scrub_key, n + 1) > n:
-            st.session_state[scrub_key] = n
-        sel = st.slider("Show the run up to round", 1, n, key=scrub_key,
-                        help="Scrub back through the rounds already run; everything below "
-                             "(tokens, metrics, table, charts) shows the run as it was then.")
-    else:
-        sel = n
-    view = viz.trace_prefix(trace, sel)
-    metrics_row(view)
+    if n <= 1:
+        return n
+    if st.session_state.get(scrub_key, n + 1) > n:
+        st.session_state[scrub_key] = n
+    return st.slider("Show the run up to round", 1, n, key=scrub_key,
+                     help="Scrub back through the rounds already run; everything below "
+                          "(tokens, metrics, table, charts) shows the run as it was then.")
 
+
+def _tokens_section(trace: Trace, view: Trace, sel: int, prefix: str) -> None:
     head = st.columns([3, 2])
     with head[0]:
         st.markdown("##### Generated text, token by token")
@@ -215,64 +214,74 @@ def trace_view(trace: Trace, prefix: str, downloads: bool = True) -> None:
     with st.expander(f"Prompt ({len(trace.prompt_ids)} tokens)"):
         st.text(prompt_text(trace))
 
+
+def _chart(fig, key: str) -> None:
+    st.plotly_chart(fig, width="stretch", config=PLOTLY_CONFIG, key=key)
+
+
+def _charts_section(view: Trace, sel: int, prefix: str) -> None:
+    st.markdown("##### Charts")
+    _chart(viz.fig_round_lengths(view, sel - 1 if sel else None), f"{prefix}_fig_rounds")
+    c = st.columns(2)
+    with c[0]:
+        _chart(viz.fig_position_acceptance(view), f"{prefix}_fig_pos")
+    with c[1]:
+        _chart(viz.fig_accepted_hist(view), f"{prefix}_fig_hist")
+    if viz.has_confidence(view):
+        st.markdown("##### Drafter confidence per slot")
+        st.caption("A block drafter (DFlash) fills all slots of its block at once; its confidence "
+                   "in a slot is the top probability there. Bars: this round's slots, coloured by "
+                   "the target's verdict (◆ = the target's own probability of the drafted token; "
+                   "grey: slots cut because a longer verify would not pay). "
+                   "Right: over the run so far, how often tokens at each confidence were "
+                   "accepted — confident-but-rejected slots show where the drafter misleads.")
+        c = st.columns(2)
+        pick = sel - 1 if sel else 0
+        if not viz.block_confidences(view.rounds[pick]):
+            pick = max(i for i, r in enumerate(view.rounds) if viz.block_confidences(r))
+        with c[0]:
+            _chart(viz.fig_slot_confidence(view, pick), f"{prefix}_fig_conf")
+        with c[1]:
+            _chart(viz.fig_confidence_calibration(view), f"{prefix}_fig_calib")
+    if view.meta.get("cost_model"):
+        with st.expander("Verify cost on this machine (what longer drafts cost)"):
+            st.caption("Measured on the loaded model when the first run started, then refined "
+                       "from every round's own verify forward. On a CPU the curve is a step: "
+                       "one new token runs matrix-vector kernels, two or more run "
+                       "matrix-matrix kernels. AdaPLD (cost = auto) and DFlash (cut = auto) "
+                       "choose their draft length from this curve.")
+            _chart(viz.fig_cost_curve(view), f"{prefix}_fig_cost")
+
+
+def _downloads(trace: Trace, prefix: str) -> None:
+    st.markdown("##### Download")
+    d = st.columns(3)
+    d[0].download_button("Trace (JSON)", trace.to_json().encode("utf-8"),
+                         file_name=appstate.trace_filename(trace),
+                         mime="application/json", key=f"{prefix}_dl_trace",
+                         on_click="ignore", width="stretch",
+                         help="The whole run; open it later on the 'Open a saved trace' page.")
+    d[1].download_button("Rounds table (CSV)", viz.to_csv_bytes(viz.rounds_table(trace)),
+                         file_name="specviz-rounds.csv", mime="text/csv",
+                         key=f"{prefix}_dl_rounds", on_click="ignore", width="stretch")
+    d[2].download_button("Per-position acceptance (CSV)",
+                         viz.to_csv_bytes(viz.position_table(trace)),
+                         file_name="specviz-positions.csv", mime="text/csv",
+                         key=f"{prefix}_dl_pos", on_click="ignore", width="stretch")
+
+
+def trace_view(trace: Trace, prefix: str, downloads: bool = True) -> None:
+    """The whole explorer for ``trace``; widget keys start with ``prefix``."""
+    sel = _scrub(trace, prefix)
+    view = viz.trace_prefix(trace, sel)
+    metrics_row(view)
+    _tokens_section(trace, view, sel, prefix)
     st.markdown("##### Rounds")
     table = viz.rounds_table(view)
     if table.empty:
         st.caption("One row per round appears here as the rounds run.")
     else:
         _rounds_dataframe(table)
-
-    st.markdown("##### Charts")
-    st.plotly_chart(viz.fig_round_lengths(view, sel - 1 if sel else None), width="stretch",
-                    config=PLOTLY_CONFIG, key=f"{prefix}_fig_rounds")
-    c = st.columns(2)
-    with c[0]:
-        st.plotly_chart(viz.fig_position_acceptance(view), width="stretch",
-                        config=PLOTLY_CONFIG, key=f"{prefix}_fig_pos")
-    with c[1]:
-        st.plotly_chart(viz.fig_accepted_hist(view), width="stretch", config=PLOTLY_CONFIG,
-                        key=f"{prefix}_fig_hist")
-
-    if viz.has_confidence(view):
-        st.markdown("##### Drafter confidence per slot")
-        st.caption("A block drafter (DFlash) fills all slots of its block at once; its confidence "
-                   "in a slot is the top probability there. Bars: this round's slots, coloured by "
-                   "the target's verdict (◆ = the target's own probability of the drafted token). "
-                   "Right: over the run so far, how often tokens at each confidence were "
-                   "accepted — confident-but-rejected slots show where the drafter misleads.")
-        c = st.columns(2)
-        pick = sel - 1 if sel else 0
-        if not viz.slot_confidences(view.rounds[pick]):
-            pick = max(i for i, r in enumerate(view.rounds) if viz.slot_confidences(r))
-        with c[0]:
-            st.plotly_chart(viz.fig_slot_confidence(view, pick), width="stretch",
-                            config=PLOTLY_CONFIG, key=f"{prefix}_fig_conf")
-        with c[1]:
-            st.plotly_chart(viz.fig_confidence_calibration(view), width="stretch",
-                            config=PLOTLY_CONFIG, key=f"{prefix}_fig_calib")
-
-    if trace.meta.get("cost_model"):
-        with st.expander("Verify cost on this machine (what longer drafts cost)"):
-            st.caption("Measured on the loaded model when the first run started, then refined "
-                       "from every round's own verify forward. On a CPU the curve is a step: "
-                       "one new token runs matrix-vector kernels, two or more run "
-                       "matrix-matrix kernels. AdaPLD (cost = auto) picks its draft length "
-                       "from this curve.")
-            st.plotly_chart(viz.fig_cost_curve(view), width="stretch", config=PLOTLY_CONFIG,
-                            key=f"{prefix}_fig_cost")
-
+    _charts_section(view, sel, prefix)
     if downloads and trace.rounds:
-        st.markdown("##### Download")
-        d = st.columns(3)
-        d[0].download_button("Trace (JSON)", trace.to_json().encode("utf-8"),
-                             file_name=appstate.trace_filename(trace),
-                             mime="application/json", key=f"{prefix}_dl_trace",
-                             on_click="ignore", width="stretch",
-                             help="The whole run; open it later on the 'Open a saved trace' page.")
-        d[1].download_button("Rounds table (CSV)", viz.to_csv_bytes(viz.rounds_table(trace)),
-                             file_name="specviz-rounds.csv", mime="text/csv",
-                             key=f"{prefix}_dl_rounds", on_click="ignore", width="stretch")
-        d[2].download_button("Per-position acceptance (CSV)",
-                             viz.to_csv_bytes(viz.position_table(trace)),
-                             file_name="specviz-positions.csv", mime="text/csv",
-                             key=f"{prefix}_dl_pos", on_click="ignore", width="stretch")
+        _downloads(trace, prefix)

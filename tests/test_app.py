@@ -452,8 +452,9 @@ def test_dflash_decode_shows_slot_confidence():
     at = app_after_rounds("dflash", 2)
     trace = at.session_state["dec_trace"]
     assert trace.meta["method"] == "dflash" and trace.num_rounds == 2
-    conf = trace.rounds[-1].extras["confidence"]
-    assert len(conf) == len(trace.rounds[-1].draft) > 0
+    ex = trace.rounds[-1].extras
+    assert len(ex["confidence"]) == len(trace.rounds[-1].draft)  # the verified slots
+    assert len(ex["cut"]["block_confidence"]) == ex["cut"]["block"] > 0  # every filled slot
     specs = [c.proto.spec for c in at.get("plotly_chart")]
     assert any("drafter confidence per slot" in s for s in specs)
     assert any("Confidence vs acceptance" in s for s in specs)

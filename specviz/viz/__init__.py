@@ -3,7 +3,8 @@
 Pure functions of a :class:`~specviz.trace.Trace` (no streamlit, no model): a trace uploaded
 from a file renders exactly like the live run that produced it.
 """
-from .charts import (confidence_calibration, fig_accepted_hist, fig_compare, fig_cost_curve,
+from .charts import (block_confidences, confidence_calibration, fig_accepted_hist, fig_compare,
+                     fig_cost_curve,
                      fig_confidence_calibration, fig_position_acceptance, fig_round_lengths,
                      fig_slot_confidence, has_confidence, slot_confidences)
 from .stats import (PositionStat, SpeedupEstimate, accepted_lengths, live_metrics,
@@ -15,7 +16,8 @@ from .tokens import (KIND_LABELS, TOKEN_CSS, TokenView, legend_html, round_views
                      tokens_html, visible_text)
 
 __all__ = [
-    "confidence_calibration", "fig_accepted_hist", "fig_compare", "fig_cost_curve",
+    "block_confidences", "confidence_calibration", "fig_accepted_hist", "fig_compare",
+    "fig_cost_curve",
     "fig_confidence_calibration",
     "fig_position_acceptance", "fig_round_lengths", "fig_slot_confidence", "has_confidence",
     "slot_confidences",

@@ -126,8 +126,20 @@ def slot_confidences(r) -> list[float]:
         return []
 
 
+def block_confidences(r) -> list[float]:
+    """Confidence in every slot the drafter filled, including slots cut before verification
+    (``extras['cut']['block_confidence']``); the verified ones otherwise."""
+    cut = (r.extras or {}).get("cut")
+    if isinstance(cut, dict) and cut.get("block_confidence"):
+        try:
+            return [float(c) for c in cut["block_confidence"]]
+        except (TypeError, ValueError):
+            return []
+    return slot_confidences(r)
+
+
 def has_confidence(trace: Trace) -> bool:
-    return any(slot_confidences(r) for r in trace.rounds)
+    return any(block_confidences(r) for r in trace.rounds)
 
 
 def _draw_cut(fig: go.Figure, r, kept: int) -> None:
@@ -157,7 +169,7 @@ def fig_slot_confidence(trace: Trace, round_index: int) -> go.Figure:
     fig = go.Figure()
     r = trace.rounds[round_index] if 0 <= round_index < len(trace.rounds) else None
     conf = slot_confidences(r) if r is not None else []
-    if conf:
+    if r is not None and block_confidences(r):
         colors = {"accepted": CHART_COLORS["accepted"], "first rejected": CHART_COLORS["rejected"],
                   "not reached": "#cbd5e1"}
         states = [s.replace("_", " ") for s in r.node_status()[:len(conf)]]
@@ -174,7 +186,7 @@ def fig_slot_confidence(trace: Trace, round_index: int) -> go.Figure:
                                       "%{y:.3f}<extra>" + state + "</extra>")
         _draw_cut(fig, r, len(conf))
         p = [float(v) for v in (r.p_draft or [])][:len(conf)]
-        if p:
+        if p and conf:
             fig.add_scatter(x=x[:len(p)], y=p, mode="markers", name="target p(draft token)",
                             marker=dict(symbol="diamond", size=9, color="#0f172a"),
                             hovertemplate="slot %{x}: target p = %{y:.3f}<extra></extra>")
@@ -183,8 +195,9 @@ def fig_slot_confidence(trace: Trace, round_index: int) -> go.Figure:
         title = f"Round {r.index + 1}: drafter confidence per slot"
     else:
         title = "Drafter confidence per slot"
-    _layout(fig, title, "draft slot", "probability", empty=not conf)
-    if r is not None and not conf and trace.rounds:
+    shown = block_confidences(r) if r is not None else []
+    _layout(fig, title, "draft slot", "probability", empty=not shown)
+    if r is not None and not shown and trace.rounds:
         fig.layout.annotations[0].text = "This round has no per-slot confidence"
     fig.update_layout(barmode="overlay")
     return fig
