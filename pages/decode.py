@@ -17,6 +17,15 @@ cfg = ui.page_start(
     "of them in ONE forward pass, keeps the longest agreeing prefix and adds one token of its "
     "own. Fewer target passes per token is where the speedup comes from.")
 
+with st.expander("New here? What you are looking at, and the words it uses"):
+    st.markdown("Pick a **method** and a **prompt** in the sidebar, then press **Next round**. "
+                "Green tokens were guessed by the drafter and accepted by the target; the "
+                "yellow or blue token is the target's own; a struck-through red token is where "
+                "the target disagreed (its own choice is written under it). Press **Run to "
+                "end**, then scrub back with the slider; the **Compare** page measures the real "
+                "speedup against plain decoding.")
+    st.html(viz.glossary_html())
+
 bar = st.columns([1.1, 1.1, 0.9, 4.9], vertical_alignment="center")
 next_clicked = bar[0].button("Next round", key="next", type="primary", width="stretch",
                              icon=":material/skip_next:")

@@ -170,18 +170,33 @@ def prompt_text(trace: Trace) -> str:
 def _rounds_dataframe(table) -> None:
     st.dataframe(table, hide_index=True, width="stretch", height=min(38 + 35 * len(table), 320),
                  column_config={
+                     "drafted": st.column_config.NumberColumn(
+                         "drafted", help="Draft tokens sent to the target this round"),
+                     "accepted": st.column_config.NumberColumn(
+                         "accepted (count)", help="Draft tokens the target accepted"),
+                     "committed": st.column_config.NumberColumn(
+                         "new tokens", help="Tokens this round added: accepted + the target's "
+                                            "own token"),
                      "output_pos": st.column_config.NumberColumn(
                          "output pos", help="Output position of the round's first token"),
                      "target_token_kind": st.column_config.TextColumn(
                          "target token is", help="correction (after a rejection), bonus (whole "
                                                  "draft accepted) or no draft"),
-                     "accepted_text": "accepted", "target_token": "target token",
-                     "rejected_text": "rejected suffix", "drafter_info": "drafter info",
-                     "p_first_rejected": st.column_config.NumberColumn(
-                         "p(first rejected)", format="%.3f",
-                         help="Target probability of the first rejected draft token"),
-                     "t_draft_ms": st.column_config.NumberColumn("draft ms", format="%.1f"),
-                     "t_verify_ms": st.column_config.NumberColumn("verify ms", format="%.1f"),
+                     "accepted_text": "accepted text", "target_token": "target token",
+                     "rejected_text": "rejected suffix", "drafter_info": "where the draft came "
+                                                                         "from",
+                     "p_first_rejected": st.column_config.TextColumn(
+                         "p(first rejected)",
+                         help="Target probability of the draft token it rejected (— when "
+                              "nothing was rejected)"),
+                     "t_draft_ms": st.column_config.NumberColumn("draft (ms)", format="%.1f"),
+                     "t_forward_ms": st.column_config.NumberColumn(
+                         "verify forward (ms)", format="%.1f",
+                         help="The target's forward pass alone (compute)"),
+                     "t_verify_ms": st.column_config.NumberColumn(
+                         "verify total (ms)", format="%.1f",
+                         help="Forward + verification + cache update, including any wait for "
+                              "another tab's turn on the shared model"),
                  })
 
 

@@ -119,12 +119,41 @@ class Round:
         missing = {"index", "start", "drafter", "draft", "accepted", "committed"} - set(d)
         if missing:
             raise TraceError(f"round is missing fields: {', '.join(sorted(missing))}")
+        _check_round_types(d)
         r = cls(**{k: v for k, v in d.items() if k in names})
-        if not isinstance(r.draft, list) or not isinstance(r.committed, list):
-            raise TraceError("round draft/committed must be lists of token ids")
         if not (0 <= r.accepted <= len(r.draft)) or len(r.committed) < r.accepted:
             raise TraceError(f"round {r.index}: accepted={r.accepted} is inconsistent with its draft")
         return r
+
+
+_INT_FIELDS = ("index", "start", "accepted")
+_ID_LISTS = ("draft", "committed", "target_argmax", "accepted_path")
+_NUM_FIELDS = ("t_draft", "t_verify", "t_forward")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_round_types(d: dict) -> None:
+    """Field types of a round read from JSON, with a message a person can act on."""
+    where = f"round {d.get('index')!r}" if _is_int(d.get("index")) else "a round"
+    for k in _INT_FIELDS:
+        if not _is_int(d.get(k)):
+            raise TraceError(f"{where}: '{k}' must be a whole number, got {d.get(k)!r}")
+    for k in _ID_LISTS:
+        v = d.get(k, [])
+        if not isinstance(v, list) or not all(_is_int(x) for x in v):
+            raise TraceError(f"{where}: '{k}' must be a list of token ids")
+    par = d.get("parents")
+    if par is not None and (not isinstance(par, list) or not all(_is_int(x) for x in par)):
+        raise TraceError(f"{where}: 'parents' must be a list of node indices or null")
+    for k in _NUM_FIELDS:
+        v = d.get(k, 0.0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TraceError(f"{where}: '{k}' must be a number of seconds, got {v!r}")
+    if not isinstance(d.get("extras", {}), dict):
+        raise TraceError(f"{where}: 'extras' must be an object")
 
 
 @dataclass

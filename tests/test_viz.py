@@ -189,7 +189,10 @@ def test_rounds_table(trace):
     assert list(df["target_token_kind"]) == ["correction", "no draft", "bonus", "bonus"]
     assert df.loc[0, "rejected_text"] == " w11 w12"
     assert df.loc[0, "accepted_text"] == " w10" and df.loc[0, "target_token"] == " w20"
-    assert df.loc[0, "p_first_rejected"] == 0.1
+    # round 1 rejected its 2nd token (p 0.1); the tree round rejected node 1 (a sibling of the
+    # accepted path, no first_rejected below its last node), rounds 2-3 rejected nothing
+    assert list(df["p_first_rejected"]) == ["0.100", "—", "—", "—"]
+    assert "None" not in df.astype(str).to_string() and "nan" not in df.astype(str).to_string()
     assert df.loc[0, "drafter_info"] == "2-token match at positions 1–3, copied 3–6"
     assert df.loc[1, "drafter_info"] == "no n-gram match"
     assert df.loc[0, "output_pos"] == 1 and df.loc[1, "output_pos"] == 3
@@ -339,3 +342,20 @@ def test_round_extras_read_as_words_with_nothing_raw():
     assert odd == "gate: [0.123, —]; flag: yes"
     for text in (ada, off, cut, whole, odd):
         assert "null" not in text and "None" not in text and "{" not in text
+
+
+@pytest.mark.parametrize("field,value,msg", [
+    ("accepted", "2", "'accepted' must be a whole number, got '2'"),
+    ("draft", [1, "x"], "'draft' must be a list of token ids"),
+    ("parents", "tree", "'parents' must be a list of node indices or null"),
+    ("t_verify", "fast", "'t_verify' must be a number of seconds"),
+])
+def test_a_tampered_trace_names_the_field_not_python_internals(trace, field, value, msg):
+    from specviz.errors import TraceError
+
+    d = trace.to_dict()
+    d["rounds"][1][field] = value
+    with pytest.raises(TraceError) as err:
+        Trace.from_dict(d)
+    assert msg in str(err.value) and str(err.value).startswith("round 1:")
+    assert "not supported between" not in str(err.value) and "instances" not in str(err.value)

@@ -9,6 +9,7 @@ from .charts import (block_confidences, confidence_calibration, fig_accepted_his
                      fig_slot_confidence, has_confidence, slot_confidences)
 from .stats import (PositionStat, SpeedupEstimate, accepted_lengths, live_metrics,
                     position_acceptance, speedup_estimate, trace_prefix)
+from .glossary import GLOSSARY, glossary_html
 from .rounds import RoundNotes, round_summary_html
 from .tables import (CompareRun, compare_runs_table, compare_summary_table, compare_verdict,
                      describe_extras, join_tokens, position_table, rounds_table, to_csv_bytes)
@@ -16,6 +17,7 @@ from .tokens import (KIND_LABELS, TOKEN_CSS, TokenView, legend_html, round_views
                      tokens_html, visible_text)
 
 __all__ = [
+    "GLOSSARY", "glossary_html",
     "block_confidences", "confidence_calibration", "fig_accepted_hist", "fig_compare",
     "fig_cost_curve",
     "fig_confidence_calibration",

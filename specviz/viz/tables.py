@@ -24,10 +24,8 @@ def rounds_table(trace: Trace) -> pd.DataFrame:
     prompt_len = int(trace.meta.get("prompt_len") or len(trace.prompt_ids))
     rows = []
     for r in trace.rounds:
-        kind = r.kind
-        first_rej_p = None
-        if r.parents is None and r.accepted < len(r.draft) and r.accepted < len(r.p_draft):
-            first_rej_p = r.p_draft[r.accepted]
+        first = [i for i, st in enumerate(r.node_status()) if st == "first_rejected"]
+        first_rej_p = r.p_draft[first[0]] if first and first[0] < len(r.p_draft) else None
         tt = r.target_token
         rows.append({
             "round": r.index + 1,
@@ -36,18 +34,19 @@ def rounds_table(trace: Trace) -> pd.DataFrame:
             "accepted": r.accepted,
             "committed": len(r.committed),
             "target_token_kind": {"nodraft": "no draft", "bonus": "bonus",
-                                  "correction": "correction"}[kind],
+                                  "correction": "correction"}[r.kind],
             "accepted_text": join_tokens(r.committed[:r.accepted], texts),
             "target_token": join_tokens([tt], texts) if tt >= 0 else "",
             "rejected_text": join_tokens(r.rejected_suffix, texts),
-            "p_first_rejected": first_rej_p,
+            "p_first_rejected": "—" if first_rej_p is None else f"{float(first_rej_p):.3f}",
             "drafter_info": describe_extras(r),
-            "t_draft_ms": round(r.t_draft * 1000, 2),
-            "t_verify_ms": round(r.t_verify * 1000, 2),
+            "t_draft_ms": round(r.t_draft * 1000, 1),
+            "t_forward_ms": round(r.t_forward * 1000, 1),
+            "t_verify_ms": round(r.t_verify * 1000, 1),
         })
     cols = ["round", "output_pos", "drafted", "accepted", "committed", "target_token_kind",
             "accepted_text", "target_token", "rejected_text", "p_first_rejected", "drafter_info",
-            "t_draft_ms", "t_verify_ms"]
+            "t_draft_ms", "t_forward_ms", "t_verify_ms"]
     return pd.DataFrame(rows, columns=cols)
 
 
