@@ -72,6 +72,7 @@ DRAFT_VOCAB_KEY = "draft_vocab"
 WEIGHTS_NAME = "model.safetensors"
 ARCHITECTURE = "DFlashDraftModel"
 MAX_BLOCK_SIZE = 64
+TOPK = 4  # drafter top-k ids/probs recorded per slot (rejected-suffix alignment)
 PARAMS = params_by_name(
     ParamSpec("checkpoint", str, "", label="Drafter checkpoint",
               help="A DFlash drafter folder or hub id (config.json + model.safetensors). Empty = "
@@ -729,6 +730,9 @@ class DFlashDrafter(Drafter):
             if kept == 0:
                 return Draft(extras=extras)
         extras["confidence"] = [round(float(c), 6) for c in conf]
+        tk_p, tk_i = probs[:len(conf)].topk(min(TOPK, probs.shape[-1]), dim=-1)
+        extras["topk"] = tk_i.tolist()  # the drafter's top-k per slot (alignment analysis)
+        extras["topk_p"] = [[round(float(x), 3) for x in row] for row in tk_p]
         if self.draft_temperature > 0:
             q = torch.softmax(logits / self.draft_temperature, dim=-1)
             tokens = torch.multinomial(q, 1, generator=self.generator).squeeze(-1)
