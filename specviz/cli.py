@@ -213,27 +213,27 @@ def cmd_train_dflash(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m specviz",
-                                 description="Speculative decoding, step by step.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+def _common(p) -> None:
+    p.add_argument("--model", default="default",
+                   help="'default' (embedded SmolLM2-135M-Instruct), a HF id or a local folder")
+    p.add_argument("--device", default=None, help="cpu / cuda (default: cuda if present)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
 
-    def common(p):
-        p.add_argument("--model", default="default",
-                       help="'default' (embedded SmolLM2-135M-Instruct), a HF id or a local folder")
-        p.add_argument("--device", default=None, help="cpu / cuda (default: cuda if present)")
-        p.add_argument("--max-new-tokens", type=int, default=128)
-        p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-        p.add_argument("--top-p", type=float, default=1.0)
-        p.add_argument("--seed", type=int, default=0)
 
-    from .drafters import METHODS
-    from .drafters.docs import methods_text
+def _display(p) -> None:
+    p.add_argument("--color", action="store_true", help="force colours")
+    p.add_argument("--no-color", action="store_true")
+    p.add_argument("--hide-rejected", action="store_true", help="do not print rejected suffixes")
 
+
+def _add_run(sub, methods: str, epilog: str) -> None:
     p = sub.add_parser("run", help="decode one prompt and show accepted/rejected tokens",
-                       epilog=methods_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    common(p)
-    p.add_argument("--method", default="pld", help=f"one of: {', '.join(METHODS)} (default pld)")
+                       epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(p)
+    p.add_argument("--method", default="pld", help=f"one of: {methods} (default pld)")
     p.add_argument("--prompt")
     p.add_argument("--prompt-file")
     p.add_argument("--param", action="append",
@@ -241,26 +241,24 @@ def build_parser() -> argparse.ArgumentParser:
                         "below)")
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--save", help="write the trace JSON here")
-    p.add_argument("--color", action="store_true", help="force colours")
-    p.add_argument("--no-color", action="store_true")
-    p.add_argument("--hide-rejected", action="store_true", help="do not print rejected suffixes")
+    _display(p)
     p.set_defaults(func=cmd_run)
 
+
+def _add_show_and_bench(sub, methods: str, epilog: str) -> None:
     p = sub.add_parser("show", help="print a saved trace")
     p.add_argument("trace")
-    p.add_argument("--color", action="store_true")
-    p.add_argument("--no-color", action="store_true")
-    p.add_argument("--hide-rejected", action="store_true")
+    _display(p)
     p.set_defaults(func=cmd_show)
-
     p = sub.add_parser("bench", help="run methods side by side with the AR baseline",
-                       epilog=methods_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    common(p)
+                       epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(p)
     p.add_argument("--methods", default="ar,pld",
-                   help=f"comma-separated, from: {', '.join(METHODS)} (AR always runs)")
+                   help=f"comma-separated, from: {methods} (AR always runs)")
     p.add_argument("--data", action="append", required=True,
                    help="prompt file (Spec-Bench, GSM8K, MBPP, Alpaca jsonl, examples, or .txt); "
-                   "FILE:N keeps N prompts per category of that file; repeatable")
+                   "FILE:N keeps N prompts per category of that file; edit:MBPP_FILE[:N[:START]] "
+                   "builds N code-editing prompts from MBPP rows START on; repeatable")
     p.add_argument("--limit", type=int, default=None, help="first N prompts per category")
     p.add_argument("--categories", default=None, help="comma-separated categories to keep")
     p.add_argument("--params", default=None,
@@ -268,15 +266,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench-out")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("train", help="make rollouts / train a drafter (METHODS §1)")
-    tsub = p.add_subparsers(dest="train_cmd", required=True)
+
+def _add_train_rollouts(tsub) -> None:
     p = tsub.add_parser("rollouts", help="target replies + tapped hidden states for training")
     p.add_argument("--model", default="default",
                    help="'default' (embedded SmolLM2-135M-Instruct), a HF id or a local folder")
     p.add_argument("--device", default=None)
     p.add_argument("--data", action="append", required=True,
-                   help="prompt file (GSM8K, Spec-Bench, MBPP, Alpaca jsonl, .txt, or edit:MBPP_FILE[:N[:START]] "
-                        "for code-editing prompts built from MBPP); FILE:N keeps "
+                   help="prompt file (GSM8K, Spec-Bench, MBPP, Alpaca jsonl, .txt); FILE:N keeps "
                    "N prompts per category; repeatable")
     p.add_argument("--limit", type=int, default=None, help="first N prompts per category")
     p.add_argument("--out", default="rollouts")
@@ -294,6 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-prompt-tokens", type=int, default=None)
     p.add_argument("--no-chat-template", action="store_true")
     p.set_defaults(func=cmd_train_rollouts)
+
+
+def _add_train_dflash(tsub) -> None:
     p = tsub.add_parser("dflash", help="train a DFlash drafter on rollouts")
     p.add_argument("--rollouts", required=True)
     p.add_argument("--out", required=True)
@@ -320,8 +320,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true")
     p.set_defaults(func=cmd_train_dflash)
 
-    p = sub.add_parser("prepare", help="convert and cache the embedded model")
-    p.set_defaults(func=cmd_prepare)
+
+def build_parser() -> argparse.ArgumentParser:
+    from .drafters import METHODS
+    from .drafters.docs import methods_text
+
+    ap = argparse.ArgumentParser(prog="python -m specviz",
+                                 description="Speculative decoding, step by step.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    methods, epilog = ", ".join(METHODS), methods_text()
+    _add_run(sub, methods, epilog)
+    _add_show_and_bench(sub, methods, epilog)
+    tsub = sub.add_parser("train", help="make rollouts / train a drafter (METHODS §1)"
+                          ).add_subparsers(dest="train_cmd", required=True)
+    _add_train_rollouts(tsub)
+    _add_train_dflash(tsub)
+    sub.add_parser("prepare", help="convert and cache the embedded model").set_defaults(
+        func=cmd_prepare)
     return ap
 
 
