@@ -23,8 +23,9 @@ by_cat = appstate.examples_by_category(examples)
 
 c = st.columns([2, 2, 1])
 methods = c[0].multiselect("Methods (AR runs as the baseline anyway)", choices, key="cmp_methods",
-                           format_func=lambda m: f"{METHODS[m].display} — "
-                                                 f"{METHODS[m].description}")
+                           format_func=lambda m: METHODS[m].display,
+                           help="; ".join(f"{METHODS[m].display}: {METHODS[m].description}"
+                                          for m in choices))
 prompt_set = c[1].radio("Prompts", ["The sidebar's prompt", "A small example set"],
                         key="cmp_set", horizontal=True)
 per_cat = 1
@@ -83,7 +84,7 @@ if runs:
         "tau": st.column_config.NumberColumn("tau", format="%.2f"),
         "wall_s": st.column_config.NumberColumn("wall time (s)", format="%.2f"),
         "speedup_vs_ar": st.column_config.NumberColumn("speedup vs AR", format="%.2f×"),
-        "identical_to_ar": st.column_config.CheckboxColumn("identical to AR"),
+        "identical_to_ar": st.column_config.CheckboxColumn("same as AR"),
     })
     d = st.columns(2)
     d[0].download_button("Summary (CSV)", viz.to_csv_bytes(summary),

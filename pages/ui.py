@@ -106,7 +106,7 @@ def compare_columns(wall_help: str = "Prefill + decoding") -> dict:
         "wall_s": num("wall time (s)", format="%.2f", help=wall_help),
         "speedup_vs_ar": num("speedup vs AR", format="%.2f×", help=METRIC_HELP["speedup_vs_ar"]),
         "identical_to_ar": st.column_config.CheckboxColumn(
-            "identical to AR", help=METRIC_HELP["identical_to_ar"]),
+            "same as AR", help=METRIC_HELP["identical_to_ar"]),
     }
 
 

@@ -233,7 +233,8 @@ def load_target(name: str = "default", device: str | None = None, dtype=None,
         if local_only:
             raise ModelLoadError(
                 f"cannot load model '{name}': it is not in the local Hugging Face cache and the "
-                "hub is unreachable; pass a local folder or use 'default'") from exc
+                "hub is unreachable; pass a local folder, or use the embedded model ('default' "
+                "on the command line, 'Embedded SmolLM2-135M-Instruct' in the app)") from exc
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"cannot load model '{name}': {first}") from exc
     if not device_map:

@@ -76,7 +76,10 @@ def fig_position_acceptance(trace: Trace) -> go.Figure:
                 hovertemplate="position %{x}: %{customdata[0]} of %{customdata[1]} rounds "
                               "that reached it accepted it<extra></extra>")
     _layout(fig, "Acceptance rate per draft position (given the position was reached)",
-            "draft position", "P(accept | reached)", empty=not trace.rounds)
+            "draft position", "P(accept | reached)", empty=not stats)
+    if not stats and trace.rounds:
+        fig.layout.annotations[0].text = ("No round drafted anything yet (plain decoding, AR, "
+                                          "never drafts): no position to accept")
     fig.update_yaxes(range=[0, 1.12], tickformat=".0%")
     fig.update_xaxes(dtick=1)
     return fig
