@@ -33,6 +33,22 @@ def test_expected_rounds_equal_replayed_rounds_for_a_deterministic_drafter(tiny_
         assert {n for n, x in enumerate(res.occupancy.tolist()) if x > 0.5} == starts
 
 
+def test_state_drafts_make_edr_exact_for_pld_and_dflash(tiny_target):
+    from specviz.analysis.edr import state_drafts
+    from specviz.drafters.dflash import DFlashDrafter, new_dflash_for_target
+
+    rng = random.Random(9)
+    for i in range(4):
+        model = new_dflash_for_target(tiny_target, num_layers=1, block_size=4, seed=i)
+        layers = [j + 1 for j in model.target_layer_ids]
+        ro = rollout_of(tiny_target, repetitive_prompt(rng, 64, 30), 24, layers)
+        y = ro.tokens[ro.prompt_len:]
+        for make in (lambda: make_drafter("pld", tiny_target),
+                     lambda: DFlashDrafter(tiny_target, model=model, cut="off")):
+            res = evaluate(greedy_acceptance(state_drafts(make(), ro, tiny_target), y, K=10))
+            assert res.edr == replay(make(), ro, tiny_target).num_rounds
+
+
 def test_sampled_acceptance_matches_monte_carlo():
     g = torch.Generator().manual_seed(0)
     L, K = 40, 5

@@ -28,6 +28,9 @@ from typing import Sequence
 
 import torch
 
+from ..drafters.base import DraftContext, Drafter, VerifyFeedback, clip_draft
+from ..trace import Round
+
 
 def budget_mask(L: int, K: int) -> torch.Tensor:
     """[L, K] bool: slot t of state n fits the budget (t <= L - n - 1)."""
@@ -126,3 +129,38 @@ def sampled_acceptance(q_of_y: torch.Tensor, p_of_y: torch.Tensor) -> torch.Tens
     """Sampled verification (METHODS §4): a[n, t] = min(1, q(y_t) / p(y_t)), with q the
     drafter's and p the target's probability of the rollout's token y_t at that slot."""
     return torch.minimum(torch.ones_like(q_of_y), q_of_y / p_of_y.clamp_min(1e-12))
+
+
+def state_drafts(drafter: Drafter, rollout, target=None) -> list[list[int]]:
+    """The draft a drafter proposes at EVERY state n of ``rollout`` (an
+    :class:`~specviz.analysis.replay.Rollout`), advancing it one committed token at a time
+    (its observe() sees a round that committed y[n]; hidden-state drafters get the rollout's
+    features). Exact for drafters that are Markov in n -- PLD, DFlash with ``cut="off"``;
+    for drafters with a memory of past rounds (AdaPLD's statistics, a cost-aware cut) this is
+    the draft after a token-by-token history, an approximation. Tree drafts count as their
+    first branch."""
+    y, P = [int(t) for t in rollout.tokens], int(rollout.prompt_len)
+    L = len(y) - P
+    hidden = drafter.hidden_state_layers is not None
+    drafter.begin(target, y[:P], rollout.hidden_states(0, P - 1) if hidden and P > 1 else None)
+    out = []
+    for n in range(L):
+        d = clip_draft(drafter.propose(DraftContext(y[:P + n], P, L - n - 1, n)), L - n - 1)
+        out.append(_first_branch(d))
+        rnd = Round(index=n, start=P + n, drafter=drafter.name, draft=[], accepted=0,
+                    committed=[y[P + n]])
+        drafter.observe(VerifyFeedback(
+            round=rnd, logits=None, kept_rows=[0],
+            hidden_states=rollout.hidden_states(P + n - 1, P + n) if hidden else None))
+    return out
+
+
+def _first_branch(d) -> list[int]:
+    if d.parents is None:
+        return [int(t) for t in d.tokens]
+    out, cur = [], -1
+    for i, p in enumerate(d.parents):
+        if p == cur:
+            out.append(int(d.tokens[i]))
+            cur = i
+    return out
