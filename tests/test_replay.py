@@ -92,16 +92,23 @@ def test_replay_runs_no_target_forward_and_checks_layers(tiny_target, monkeypatc
 
 @pytest.mark.integration
 @pytest.mark.parametrize("method", ["pld", "dflash"])
-def test_replay_equals_real_greedy_sessions_on_embedded_prompts(embedded_target, method):
-    """>= 10 real prompts: the replayed rounds are the live rounds, one for one. (DFlash reads
-    the rollout's features from one forward over the whole text; the live run's come from the
-    prefill and the verify passes -- equal up to float rounding, which is tested here too.)"""
+def test_replay_and_edr_equal_real_greedy_sessions_on_embedded_prompts(embedded_target, method):
+    """20 real prompts: the replayed rounds are the live rounds, one for one, and EDR's expected
+    rounds (specviz.analysis.edr, from the drafter's draft at every state) equal their number.
+    (DFlash reads the rollout's features from one forward over the whole text; the live run's
+    come from the prefill and the verify passes -- equal up to float rounding, tested here.)"""
+    from specviz.analysis.edr import evaluate, greedy_acceptance, state_drafts
+
     layers = None
     params = {"cut": "off"} if method == "dflash" else {}  # the cut plans with timed forwards
     if method == "dflash":
         layers = make_drafter("dflash", embedded_target).hidden_state_layers
-    for row in example_prompts(2):
-        ro = rollout_of(embedded_target, row["prompt"], 40, layers)
+    for row in example_prompts(4):
+        ro = rollout_of(embedded_target, row["prompt"], 32, layers)
         live = live_run(embedded_target, method, ro, **params)
         same_rounds(live, replay(make_drafter(method, embedded_target, **params), ro,
                                  embedded_target))
+        drafts = state_drafts(make_drafter(method, embedded_target, **params), ro,
+                              embedded_target)
+        res = evaluate(greedy_acceptance(drafts, ro.tokens[ro.prompt_len:], K=16))
+        assert res.edr == live.num_rounds, row["id"]
