@@ -149,13 +149,13 @@ class Session:
         draft = self._propose(budget)
         t_draft = time.perf_counter() - t0
         t0 = time.perf_counter()
-        tree, out, probs, verdict = self._verify(draft)
+        tree, out, logits, probs, verdict = self._verify(draft)
         committed, n_acc, stop = self._commit(tree, verdict, budget)
         t_verify = time.perf_counter() - t0
-        rnd = self._record(draft, tree, out.logits[0].float(), probs, verdict, committed, n_acc,
+        rnd = self._record(draft, tree, logits, probs, verdict, committed, n_acc,
                            t_draft, t_verify)
         self.drafter.observe(VerifyFeedback(
-            round=rnd, logits=out.logits[0].float(),
+            round=rnd, logits=logits,
             hidden_states=out.hidden_states if self._want_hidden else None,
             kept_rows=verdict.rows))
         if stop:
@@ -170,7 +170,8 @@ class Session:
                            max_draft=budget - 1, round_index=len(self.rounds))
         return clip_draft(self.drafter.propose(ctx), budget - 1)
 
-    def _verify(self, draft: Draft) -> tuple[TokenTree, object, torch.Tensor, Verdict]:
+    def _verify(self, draft: Draft
+                ) -> tuple[TokenTree, object, torch.Tensor, torch.Tensor, Verdict]:
         """ONE target forward over [last committed token, draft...] (a tree with its 4D mask and
         depth positions), the verdict, and the KV cache cut back to the committed rows."""
         tree = TokenTree.chain(draft.tokens) if draft.parents is None else \
@@ -190,7 +191,7 @@ class Session:
         cost_model = cached_model(self.target)
         if cost_model is not None:  # refine the verify-cost curve online with this forward
             cost_model.observe(len(ids), self.last_forward_s)
-        return tree, out, probs, verdict
+        return tree, out, logits, probs, verdict
 
     def _commit(self, tree: TokenTree, verdict: Verdict, budget: int
                 ) -> tuple[list[int], int, str | None]:

@@ -13,7 +13,7 @@ from specviz.drafters import make_drafter
 from specviz.drafters.base import DraftContext
 
 from conftest import repetitive_prompt
-from test_replay import rollout_of
+from test_replay import dflash_cases, rollout_of
 
 
 def test_expected_rounds_equal_replayed_rounds_for_a_deterministic_drafter(tiny_target):
@@ -35,13 +35,9 @@ def test_expected_rounds_equal_replayed_rounds_for_a_deterministic_drafter(tiny_
 
 def test_state_drafts_make_edr_exact_for_pld_and_dflash(tiny_target):
     from specviz.analysis.edr import state_drafts
-    from specviz.drafters.dflash import DFlashDrafter, new_dflash_for_target
+    from specviz.drafters.dflash import DFlashDrafter
 
-    rng = random.Random(9)
-    for i in range(4):
-        model = new_dflash_for_target(tiny_target, num_layers=1, block_size=4, seed=i)
-        layers = [j + 1 for j in model.target_layer_ids]
-        ro = rollout_of(tiny_target, repetitive_prompt(rng, 64, 30), 24, layers)
+    for model, ro in dflash_cases(tiny_target, 9, 4, 24):
         y = ro.tokens[ro.prompt_len:]
         for make in (lambda: make_drafter("pld", tiny_target),
                      lambda: DFlashDrafter(tiny_target, model=model, cut="off")):

@@ -6,7 +6,8 @@ import random
 
 from specviz.costs import CostModel
 from specviz.drafters.adapld import AdaPLDDrafter
-from specviz.drafters.adapld_control import SourceStats, cost_curve
+from specviz.costs import cost_curve
+from specviz.drafters.adapld_control import SourceStats
 from specviz.engine import DecodeSettings, generate
 
 from test_adapld import _synthetic_run

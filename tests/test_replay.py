@@ -46,6 +46,15 @@ def live_run(target, method_or_drafter, rollout: Rollout, **params):
     return Session(target, drafter, rollout.tokens[:rollout.prompt_len], s).run()
 
 
+def dflash_cases(target, seed: int, n: int, max_new_tokens: int):
+    """``n`` (random tiny DFlash model, rollout with its tapped features) pairs."""
+    rng = random.Random(seed)
+    for i in range(n):
+        model = new_dflash_for_target(target, num_layers=1, block_size=4, seed=i)
+        layers = [j + 1 for j in model.target_layer_ids]
+        yield model, rollout_of(target, repetitive_prompt(rng, 64, 30), max_new_tokens, layers)
+
+
 def test_greedy_against_a_known_continuation():
     tree = TokenTree([5, 6, 7, 9], [-1, 0, 1, 0])
     v = greedy_against(tree, [5, 9, 4])
@@ -65,11 +74,7 @@ def test_replay_equals_session_for_lookup_drafters(tiny_target, method):
 
 
 def test_replay_equals_session_for_a_hidden_state_drafter(tiny_target):
-    rng = random.Random(8)
-    for i in range(6):
-        model = new_dflash_for_target(tiny_target, num_layers=1, block_size=4, seed=i)
-        layers = [j + 1 for j in model.target_layer_ids]
-        ro = rollout_of(tiny_target, repetitive_prompt(rng, 64, 30), 20, layers)
+    for model, ro in dflash_cases(tiny_target, 8, 6, 20):
         live = live_run(tiny_target, DFlashDrafter(tiny_target, model=model, cut="off"), ro)
         same_rounds(live, replay(DFlashDrafter(tiny_target, model=model, cut="off"), ro,
                                  tiny_target))

@@ -73,8 +73,9 @@ import torch
 
 from ..errors import SettingsError
 from ..tree import TokenTree
-from .adapld_control import (COST_CHOICES, EMA_DECAY, PROBE_GAPS, CopyFollower, SourceStats,
-                             continuation, cost_curve, harmonic)
+from ..costs import COST_CHOICES, cost_curve
+from .adapld_control import (EMA_DECAY, PROBE_GAPS, CopyFollower, SourceStats, continuation,
+                             harmonic)
 from .base import Draft, DraftContext, Drafter, VerifyFeedback
 from .registry import MethodSpec, ParamSpec, params_by_name
 

@@ -4,7 +4,7 @@ retrieval source has delivered and what a longer verify costs on this machine.
 * :class:`SourceStats` — decayed acceptance counts per retrieval source: a1 = P(first drafted
   token accepted), a2 = P(next accepted | previous accepted); the draft length D maximises
   expected committed tokens per unit of verify cost, (1 + a1 (1 - a2^D) / (1 - a2)) / c(D + 1).
-* :func:`cost_curve` — c(k): ``"auto"`` is the verify-cost model measured on the loaded target
+* ``specviz.costs.cost_curve`` — c(k): ``"auto"`` is the verify-cost model measured on the loaded target
   (:mod:`specviz.costs`: calibrated at start, refined online by the engine from the rounds'
   own forwards; flat on an accelerator); ``"flat"`` the accelerator curve; ``"cpu"`` the fixed
   curve measured once on a busy 2-core CPU with torch on one thread (kept to reproduce earlier
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..costs import COST_CHOICES, CostModel, cost_curve  # noqa: F401 (re-exported)
+from ..costs import CostModel
 
 EMA_DECAY = 0.85
 PRIOR = (1.2, 0.8, 1.4, 0.6)   # pseudo-counts (s1, f1, s2, f2): a1 = 0.6, a2 = 0.7 at the start
