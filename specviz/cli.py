@@ -186,6 +186,33 @@ def cmd_train_rollouts(args) -> int:
     return 0
 
 
+def cmd_train_prefill(args) -> int:
+    from .models import load_target
+    from .train.prefill import load_pairs, make_prefill_set
+    from .train.rollouts import STORE_DTYPES, load_items, parse_layers, prompt_key
+
+    if args.dtype not in STORE_DTYPES:
+        raise SpecvizError(f"--dtype must be one of {', '.join(STORE_DTYPES)}")
+    pairs = [pr for d in args.data for pr in load_pairs(d, args.limit)]
+    if args.exclude:  # the bench prompts: never trained on
+        held = {prompt_key(it) for it in load_items(args.exclude)}
+        n0 = len(pairs)
+        pairs = [pr for pr in pairs if pr.key not in held]
+        print(f"--exclude: left out {n0 - len(pairs)} texts")
+    if not pairs:
+        raise SpecvizError("no (prompt, reference reply) pairs selected")
+    target = load_target(args.model, device=args.device, dtype="float32")
+    tc = getattr(target.model.config, "text_config", None) or target.model.config
+    layers = parse_layers(args.layers, int(tc.num_hidden_layers), k=args.num_features)
+    print(f"{len(pairs)} texts; tapped target layers {layers}; out {args.out}")
+    res = make_prefill_set(target, pairs, args.out, layer_ids=layers,
+                           batch_tokens=args.batch_tokens, max_tokens=args.max_tokens,
+                           store_dtype=args.dtype, model_name=args.model, show_bar=True)
+    print(f"prefilled {res['texts']} texts ({res['tokens']} tokens, {res['tokens_per_s']:.0f} "
+          f"tok/s, {res['reply_tokens']} reply anchors); {res['total']} in {args.out}")
+    return 0
+
+
 def cmd_train_dflash(args) -> int:
     from .models import load_target
     from .train.dflash_train import TrainConfig, train_dflash
@@ -201,7 +228,8 @@ def cmd_train_dflash(args) -> int:
     meta = read_meta(args.rollouts)  # missing / not a rollouts folder fails before the model loads
     target = load_target(args.model or meta.get("model") or "default", device=args.device,
                          dtype="float32")
-    res = train_dflash(target, args.rollouts, args.out, cfg, resume=args.resume, show_bar=True)
+    res = train_dflash(target, args.rollouts, args.out, cfg, resume=args.resume, show_bar=True,
+                       prefill=args.prefill)
     ev = res["eval"]
     print(f"{res['steps_run']} steps in {res['seconds']:.0f}s ({res['steps_per_s']:.2f} steps/s); "
           f"loss {res['loss_first'] if res['loss_first'] is None else round(res['loss_first'], 3)}"
@@ -293,9 +321,34 @@ def _add_train_rollouts(tsub) -> None:
     p.set_defaults(func=cmd_train_rollouts)
 
 
+def _add_train_prefill(tsub) -> None:
+    p = tsub.add_parser("prefill", help="exact prefill labels + tapped hidden states over "
+                        "reference texts (fast training data)")
+    p.add_argument("--model", default="default")
+    p.add_argument("--device", default=None)
+    p.add_argument("--data", action="append", required=True,
+                   help="GSM8K / MBPP / Alpaca / Spec-Bench jsonl with reference replies; FILE:N "
+                   "keeps the first N prompts per category; repeatable")
+    p.add_argument("--limit", type=int, default=None, help="first N prompts per category")
+    p.add_argument("--exclude", action="append", default=[],
+                   help="FILE[:N] prompts to leave out (e.g. the bench's), repeatable")
+    p.add_argument("--out", default="prefill")
+    p.add_argument("--batch-tokens", type=int, default=4096, help="tokens per forward")
+    p.add_argument("--max-tokens", type=int, default=768, help="cut longer texts here")
+    p.add_argument("--layers", default="auto")
+    p.add_argument("--num-features", type=int, default=5)
+    p.add_argument("--dtype", default="float16", help="storage dtype of hidden states")
+    p.set_defaults(func=cmd_train_prefill)
+
+
 def _add_train_dflash(tsub) -> None:
     p = tsub.add_parser("dflash", help="train a DFlash drafter on rollouts")
-    p.add_argument("--rollouts", required=True)
+    p.add_argument("--rollouts", required=True,
+                   help="rollouts folder: its train split is trained on, its eval split gives "
+                   "the simulated held-out tau")
+    p.add_argument("--prefill", action="append", default=[],
+                   help="prefill-labelled folder (`train prefill`) added to the training data; "
+                   "repeatable")
     p.add_argument("--out", required=True)
     p.add_argument("--model", default=None, help="target (default: the rollouts' model)")
     p.add_argument("--device", default=None)
@@ -334,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     tsub = sub.add_parser("train", help="make rollouts / train a drafter (METHODS §1)"
                           ).add_subparsers(dest="train_cmd", required=True)
     _add_train_rollouts(tsub)
+    _add_train_prefill(tsub)
     _add_train_dflash(tsub)
     sub.add_parser("prepare", help="convert and cache the embedded model").set_defaults(
         func=cmd_prepare)

@@ -163,13 +163,42 @@ def anchor_logits(model, target, tokens: torch.Tensor, hidden: torch.Tensor,
     return model.slot_logits(h, target.model.get_output_embeddings())
 
 
-def reply_vocab(rollouts: RolloutSet) -> torch.Tensor:
-    """Sorted ids of every token that occurs in a reply of ``rollouts`` (the CE labels)."""
+def reply_vocab(rollouts) -> torch.Tensor:
+    """Sorted ids of every possible CE label of ``rollouts``: the reply tokens of a greedy
+    rollout, the greedy next tokens of a prefill-labelled text's reply positions."""
     seen = set()
     for i in range(len(rollouts)):
         t, _, p = rollouts.load(i)
-        seen.update(t[p:].tolist())
+        g = rollouts.greedy(i)
+        seen.update((t[p:] if g is None else g[max(0, p - 1):]).tolist())
     return torch.tensor(sorted(seen), dtype=torch.long)
+
+
+class TrainData:
+    """The train split of a rollouts folder plus any prefill-labelled folders, as one list."""
+
+    def __init__(self, rollouts_dir, extra: list | tuple = ()):
+        self.sets = [RolloutSet(rollouts_dir, split="train")]
+        meta = self.sets[0].meta
+        for d in extra:
+            rs = RolloutSet(d)
+            for k in ("target_layer_ids", "hidden_size", "num_target_layers"):
+                if rs.meta.get(k) != meta.get(k):
+                    raise SpecvizError(f"{d} was made with {k}={rs.meta.get(k)}, the rollouts "
+                                       f"with {meta.get(k)}: use data from the same target/layers")
+            self.sets.append(rs)
+        self.index = [(s, i) for s in self.sets for i in range(len(s))]
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def load(self, j: int):
+        s, i = self.index[j]
+        return s.load(i)
+
+    def greedy(self, j: int):
+        s, i = self.index[j]
+        return s.greedy(i)
 
 
 def step_vocab(active: torch.Tensor, vocab_size: int, negatives: int,
@@ -187,13 +216,19 @@ def step_vocab(active: torch.Tensor, vocab_size: int, negatives: int,
 def sequence_loss(model, target, tokens, hidden, prompt_len: int, n_anchors: int,
                   weights: torch.Tensor, rng: random.Random,
                   vocab: torch.Tensor | None = None,
-                  vocab_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  vocab_weight: torch.Tensor | None = None,
+                  greedy: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of w_k * CE over valid slots, sum of w_k over valid slots) for random anchors.
 
+    Labels: a greedy rollout's own next tokens, or -- for a prefill-labelled text (``greedy`` =
+    the target's greedy next token at every position) -- the exact-prefix labels of
+    :func:`specviz.train.prefill.exact_prefix_labels` (later slots masked).
     ``vocab`` (sorted ids containing every label) restricts the softmax to those rows of the
     frozen LM head -- a sampled softmax: ~5x less work in the 49k-word head, which is 90 % of a
     CPU step. None = the full vocabulary. ``vocab_weight`` = ``head.weight[vocab]`` when the
     caller already gathered it (once per step, shared by the step's sequences)."""
+    from .prefill import exact_prefix_labels, rollout_labels
+
     T = int(tokens.shape[0])
     lo, hi = max(0, prompt_len - 1), T - 2
     if hi < lo:
@@ -203,9 +238,10 @@ def sequence_loss(model, target, tokens, hidden, prompt_len: int, n_anchors: int
     picks = sorted(rng.sample(cand, min(n_anchors, len(cand))))
     anchors = torch.tensor(picks)
     B = model.block_size
-    tpos = anchors.view(-1, 1) + torch.arange(1, B).view(1, -1)              # [K, B-1]
-    valid = tpos < T
-    labels = tokens[tpos.clamp(max=T - 1)]
+    if greedy is None:
+        labels, valid = rollout_labels(tokens, anchors, B)
+    else:
+        labels, valid = exact_prefix_labels(tokens, greedy, anchors, B)
     head = target.model.get_output_embeddings()
     h = anchor_hidden(model, target, tokens, hidden, anchors)
     if vocab is None:
@@ -222,8 +258,8 @@ def sequence_loss(model, target, tokens, hidden, prompt_len: int, n_anchors: int
         logits = F.linear(h.to(head.weight.dtype), vocab_weight).float()
     labels = labels.to(logits.device)
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                         reduction="none").view_as(tpos)
-    w = weights.view(1, -1).expand_as(tpos) * valid
+                         reduction="none").view_as(valid)
+    w = weights.view(1, -1).expand_as(valid) * valid
     w = w.to(ce.device)
     return (ce * w).sum(), w.sum()
 
@@ -295,14 +331,15 @@ def _save(model, opt, sched, step: int, cfg: TrainConfig, out: Path, rng: random
 
 def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainConfig,
                  resume: bool = False, show_bar: bool = False,
-                 log: Callable[[dict], None] | None = None) -> dict:
-    """Train (or resume) a DFlash drafter for ``target`` on the rollouts in ``rollouts_dir``."""
+                 log: Callable[[dict], None] | None = None, prefill: list | tuple = ()) -> dict:
+    """Train (or resume) a DFlash drafter for ``target`` on the train rollouts in
+    ``rollouts_dir`` plus the prefill-labelled folders ``prefill``; eval on its eval split."""
     cfg.validate()
     meta = read_meta(rollouts_dir)
-    train_set = RolloutSet(rollouts_dir, split="train")
+    train_set = TrainData(rollouts_dir, prefill)
     eval_set = RolloutSet(rollouts_dir, split="eval")
     if not len(train_set):
-        raise SpecvizError(f"{rollouts_dir} has no train rollouts")
+        raise SpecvizError(f"{rollouts_dir} has no train rollouts and no --prefill data given")
     tc = getattr(target.model.config, "text_config", None) or target.model.config
     if int(meta["hidden_size"]) != int(tc.hidden_size) or \
             int(meta["num_target_layers"]) != int(tc.num_hidden_layers):
@@ -385,9 +422,10 @@ def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainCo
             if not order:
                 order = list(range(len(train_set)))
                 rng.shuffle(order)
-            t, h, p = train_set.load(order.pop())
+            j = order.pop()
+            t, h, p = train_set.load(j)
             ls, ws = sequence_loss(model, target, t, h, p, cfg.anchors_per_seq, weights, rng,
-                                   vocab, vocab_weight)
+                                   vocab, vocab_weight, greedy=train_set.greedy(j))
             tot, wsum = tot + ls.to(dev), wsum + ws.to(dev)
         if float(wsum) <= 0:
             continue

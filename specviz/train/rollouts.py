@@ -230,6 +230,14 @@ class RolloutSet:
         hid = f.get_tensor(r["name"] + ".hidden")
         return toks, hid, int(r["prompt_len"])
 
+    def greedy(self, i: int) -> torch.Tensor | None:
+        """The stored greedy next token at every position (prefill-labelled texts,
+        :mod:`specviz.train.prefill`); None for generated rollouts (their text is the path)."""
+        if self.rows[i].get("kind") != "prefill":
+            return None
+        self.load(i)  # opens the shard
+        return self._open[self.rows[i]["shard"]].get_tensor(self.rows[i]["name"] + ".greedy").long()
+
     def rollout(self, i: int):
         """Rollout ``i`` as an offline-replay record (:class:`specviz.analysis.replay.Rollout`)."""
         from ..analysis.replay import Rollout
