@@ -1,11 +1,12 @@
 """Drafting strategies behind one interface (see :mod:`specviz.drafters.base`)."""
 from __future__ import annotations
 
-from . import adapld, dflash, pld
+from . import adapld, dflash, pld, retrace
 from .adapld import AdaPLDDrafter
 from .base import ARDrafter, Draft, DraftContext, Drafter, VerifyFeedback
 from .dflash import DFlashDrafter
 from .pld import PLDDrafter
+from .retrace import ReTraceDrafter
 from .registry import MethodSpec, ParamSpec, lookup, registry
 
 #: The one registry: every method in the order the CLI, the app and the docs list it. A drafter
@@ -16,6 +17,7 @@ METHODS: dict[str, MethodSpec] = registry(
     *pld.SPECS,
     *adapld.SPECS,
     *dflash.SPECS,
+    *retrace.SPECS,
 )
 
 
@@ -42,5 +44,5 @@ def methods_of(factory) -> tuple[str, ...]:
 
 
 __all__ = ["ARDrafter", "Draft", "DraftContext", "Drafter", "VerifyFeedback", "PLDDrafter",
-           "AdaPLDDrafter", "DFlashDrafter", "METHODS", "MethodSpec", "ParamSpec", "make_drafter",
+           "AdaPLDDrafter", "DFlashDrafter", "ReTraceDrafter", "METHODS", "MethodSpec", "ParamSpec", "make_drafter",
            "method_spec", "methods_of", "register"]

@@ -577,11 +577,12 @@ BUNDLED_DIR = Path(__file__).resolve().parent.parent / "weights"
 BUNDLED = {"SmolLM2-135M-Instruct": "dflash-smollm2-135m-instruct"}
 
 
-def bundled_checkpoint(target) -> Path | None:
+def bundled_checkpoint(target, table: dict[str, str] | None = None) -> Path | None:
     """The drafter trained by this project for ``target`` (by model name), committed under
-    ``specviz/weights/``; None when there is none."""
+    ``specviz/weights/``; None when there is none. ``table``: model name -> folder (default:
+    the DFlash drafters; ReTrace passes its own)."""
     name = str(getattr(target, "name", "") or "")
-    for model_name, folder in BUNDLED.items():
+    for model_name, folder in (BUNDLED if table is None else table).items():
         if name == model_name or name.startswith(model_name + " ") \
                 or name.rstrip("/").endswith("/" + model_name):
             path = BUNDLED_DIR / folder
@@ -682,23 +683,29 @@ class DFlashDrafter(Drafter):
         if len(prompt_ids) > 1:
             self._append(prefill_hidden, None, 0)
 
-    def block_logits(self, tokens: list[int]) -> torch.Tensor:
-        """Drafter logits [B-1, V] (float32) of slots 1..B-1 for the committed ``tokens``."""
-        n = len(tokens)
+    def block_input(self, tokens: list[int]) -> torch.Tensor:
+        """The block's input embeddings [1, B, H]: the last committed token, then B-1 masks
+        (a subclass may add to them -- ReTrace's fused rejected-suffix memory)."""
         B = self.block_size
-        tgt = self.target.model
-        emb = tgt.get_input_embeddings()
-        dev = emb.weight.device
+        emb = self.target.model.get_input_embeddings()
         m = self.model
         mask_id = m.mask_token_id if not m.learned_mask else tokens[-1]
-        ids = torch.tensor([[tokens[-1]] + [mask_id] * (B - 1)], device=dev)
+        ids = torch.tensor([[tokens[-1]] + [mask_id] * (B - 1)], device=emb.weight.device)
+        x = emb(ids).to(device=self.device, dtype=self.dtype)
+        if m.learned_mask:
+            x = torch.cat([x[:, :1], m.mask_embedding.view(1, 1, -1).expand(1, B - 1, -1)], 1)
+        return x
+
+    def block_logits(self, tokens: list[int]) -> torch.Tensor:
+        """Drafter logits [B-1, V] (float32) of slots 1..B-1 for the committed ``tokens``; the
+        slots' final hidden states stay in ``self.last_hidden`` [B-1, H] until the next block."""
+        n = len(tokens)
+        tgt = self.target.model
         with self.target.lock, torch.inference_mode():
-            x = emb(ids).to(device=self.device, dtype=self.dtype)
-            if m.learned_mask:
-                x = torch.cat([x[:, :1], m.mask_embedding.view(1, 1, -1).expand(1, B - 1, -1)], 1)
-            kv = self._context_kv()
-            h = m.forward_block(x, kv, n - 1)[:, 1:]
-            logits = m.slot_logits(h, tgt.get_output_embeddings())
+            x = self.block_input(tokens)
+            h = self.model.forward_block(x, self._context_kv(), n - 1)[:, 1:]
+            self.last_hidden = h[0]
+            logits = self.model.slot_logits(h, tgt.get_output_embeddings())
         return logits[0].float()
 
     def _empty_kv(self):

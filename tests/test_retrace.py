@@ -1,0 +1,144 @@
+"""ReTrace (METHODS §2) on tiny random targets: an untrained or gate-off ReTrace drafts exactly
+what its DFlash backbone drafts, round for round; a trained-looking (random) fusion changes
+drafts but never the output (greedy and sampled); no extra forward; bad checkpoints named."""
+import random
+
+import pytest
+import torch
+
+from specviz.analysis.lossless import compare_outputs
+from specviz.drafters import make_drafter
+from specviz.drafters.dflash import DFlashDrafter, new_dflash_for_target
+from specviz.drafters.retrace import (ReTraceDrafter, ReTraceFusion, align, build_memory,
+                                      fusion_config, load_retrace, save_retrace)
+from specviz.engine import DecodeSettings, Session, generate
+from specviz.errors import SettingsError
+from specviz.models import ModelLoadError
+
+from conftest import assert_same_law, first_two_token_counts, make_tiny_target
+
+
+def random_fusion(H, seed=0, scale=0.5):
+    f = ReTraceFusion(H)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        f.proj.weight.copy_(torch.randn(f.proj.weight.shape, generator=g) * scale)
+        f.gate.bias.fill_(1.0)
+    return f
+
+
+def rounds_of(target, drafter, ids, n):
+    sess = Session(target, drafter, ids, DecodeSettings(max_new_tokens=n))
+    return sess.run()
+
+
+def test_memory_alignment_shifts_by_absolute_position():
+    emb = torch.nn.Embedding(10, 4)
+    h = torch.arange(7 * 4, dtype=torch.float32).view(7, 4)
+    # block anchored at position 20 drafted 7 slots; 2 accepted, slot 3 was the first mismatch
+    mem = build_memory(h, [1, 2, 3, 4, 5, 6, 7], 2, [1, 2, 9, 4, 0, 6, 0, 0], 20, emb)
+    assert mem.slots == [4, 5, 6, 7] and mem.positions == [24, 25, 26, 27]
+    assert mem.agree.tolist() == [1.0, 0.0, 1.0, 0.0]   # draft 4 vs target 4, 5 vs 0, ...
+    assert torch.equal(mem.h[0], h[3])
+    # next block's anchor (the correction token) sits at 20 + 2 + 1 = 23: slot j = P - 23
+    assert align(mem, 23, 8) == [(1, 0), (2, 1), (3, 2), (4, 3)]
+    assert align(mem, 23, 3) == [(1, 0), (2, 1)]          # slots past the block are dropped
+    assert build_memory(h, [1, 2, 3], 2, [1, 2, 5, 0], 20, emb) is None  # nothing after it
+
+
+@pytest.mark.parametrize("mode", ["untrained", "gate_off"])
+def test_equals_backbone_round_for_round(mode, tiny_target):
+    rng = random.Random(3)
+    H = tiny_target.model.config.hidden_size
+    for i in range(6):
+        model = new_dflash_for_target(tiny_target, num_layers=1, block_size=rng.choice([4, 6]),
+                                      seed=i)
+        fusion = ReTraceFusion(H) if mode == "untrained" else random_fusion(H, i)
+        ids = [rng.randrange(2, 64) for _ in range(rng.randint(2, 20))]
+        base = rounds_of(tiny_target, DFlashDrafter(tiny_target, model=model, cut="off"), ids, 24)
+        rt = rounds_of(tiny_target, ReTraceDrafter(tiny_target, model=model, fusion=fusion,
+                                                   cut="off", gate="learned" if mode ==
+                                                   "untrained" else "off"), ids, 24)
+        assert [r.draft for r in rt.rounds] == [r.draft for r in base.rounds]
+        assert [r.accepted for r in rt.rounds] == [r.accepted for r in base.rounds]
+        fused = [r for r in rt.rounds if "retrace" in r.extras]
+        assert fused or all(r.accepted >= len(r.draft) - 1 for r in rt.rounds)
+
+
+def count_forwards(target):
+    calls = {"n": 0}
+
+    def hook(*_):
+        calls["n"] += 1
+    return calls, target.model.register_forward_hook(hook)
+
+
+def test_fusion_changes_drafts_not_outputs_and_adds_no_forward(tiny_target):
+    rng = random.Random(7)
+    H = tiny_target.model.config.hidden_size
+    changed = 0
+    for i in range(10):
+        model = new_dflash_for_target(tiny_target, num_layers=1, block_size=6, seed=i)
+        ids = [rng.randrange(2, 64) for _ in range(rng.randint(2, 20))]
+        s = DecodeSettings(max_new_tokens=24)
+        dr = ReTraceDrafter(tiny_target, model=model, fusion=random_fusion(H, i), cut="off")
+        calls, hd = count_forwards(tiny_target)
+        tr = Session(tiny_target, dr, ids, s).run()
+        hd.remove()
+        assert calls["n"] == tr.num_rounds + 1         # prefill + one verify per round
+        ar = generate(tiny_target, "ar", ids, s)
+        assert compare_outputs(tiny_target, ids, ar.output_ids, tr.output_ids).ok
+        base = rounds_of(tiny_target, DFlashDrafter(tiny_target, model=model, cut="off"), ids, 24)
+        changed += [r.draft for r in tr.rounds] != [r.draft for r in base.rounds]
+        for r in tr.rounds:
+            info = r.extras.get("retrace")
+            if info:
+                assert min(info["slots"]) >= 1 and all(0 < g < 1 for g in info["gate"])
+                assert len(info["slots"]) == len(info["from_positions"]) == len(info["agree"])
+    assert changed >= 3
+
+
+def test_sampling_keeps_target_distribution():
+    vocab = 12
+    target = make_tiny_target(vocab_size=vocab, seed=5, layers=1, eos=0)
+    with torch.no_grad():
+        target.model.lm_head.weight.mul_(0.15)
+    model = new_dflash_for_target(target, num_layers=1, block_size=4, seed=7)
+    with torch.no_grad():
+        model.fc.weight.mul_(20.0)
+    fusion = random_fusion(target.model.config.hidden_size, 3, scale=2.0)
+
+    def drafter_fn(seed):
+        return ReTraceDrafter(target, model=model, fusion=fusion, draft_temperature=1.0,
+                              seed=seed, cut="off")
+
+    counts, exact = first_two_token_counts(target, [3, 7, 5], drafter_fn, 3000,
+                                           dict(temperature=0.9, top_p=0.95))
+    assert_same_law(counts, exact, tv_tol=0.13)
+
+
+def test_checkpoint_round_trip_and_bad_input(tmp_path, tiny_target):
+    H = tiny_target.model.config.hidden_size
+    model = new_dflash_for_target(tiny_target, num_layers=1, block_size=4, seed=0)
+    from specviz.drafters.dflash import save_dflash_checkpoint
+
+    save_dflash_checkpoint(model, tmp_path / "bb")
+    f = random_fusion(H, 1)
+    save_retrace(f, fusion_config(f, model, str(tmp_path / "bb")), tmp_path / "rt")
+    g, cfg = load_retrace(tmp_path / "rt")
+    assert torch.equal(g.proj.weight, f.proj.weight) and cfg["backbone_block_size"] == 4
+    d = make_drafter("retrace", tiny_target, checkpoint=str(tmp_path / "rt"), cut="off")
+    assert d.config()["backbone"] == str(tmp_path / "bb")
+    # a backbone with another block size -> one error naming the mismatch
+    other = new_dflash_for_target(tiny_target, num_layers=1, block_size=6, seed=0)
+    save_dflash_checkpoint(other, tmp_path / "bb6")
+    with pytest.raises(SettingsError, match="block size 4 \\(checkpoint\\) vs 6"):
+        make_drafter("retrace", tiny_target, checkpoint=str(tmp_path / "rt"),
+                     backbone=str(tmp_path / "bb6"))
+    (tmp_path / "rt" / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ModelLoadError, match="could not be loaded"):
+        make_drafter("retrace", tiny_target, checkpoint=str(tmp_path / "rt"))
+    with pytest.raises(ModelLoadError, match="not a ReTrace checkpoint"):
+        make_drafter("retrace", tiny_target, checkpoint=str(tmp_path / "bb"))
+    with pytest.raises(SettingsError, match="ReTrace checkpoint"):
+        make_drafter("retrace", tiny_target)
