@@ -241,6 +241,35 @@ def cmd_train_dflash(args) -> int:
     return 0
 
 
+def cmd_train_retrace(args) -> int:
+    from .drafters.dflash import bundled_checkpoint, load_dflash_checkpoint
+    from .models import load_target
+    from .train.retrace_train import ReTraceTrainConfig, train_retrace
+    from .train.rollouts import read_meta
+
+    cfg = ReTraceTrainConfig(steps=args.steps, batch_size=args.batch_size,
+                             anchors_per_seq=args.anchors_per_seq, lr=args.lr, gamma=args.gamma,
+                             eval_every=args.eval_every, eval_sequences=args.eval_sequences,
+                             seed=args.seed).validate()
+    for d in list(args.data) + ([args.eval] if args.eval else []):
+        read_meta(d)  # a missing / wrong folder fails before the model loads
+    target = load_target(args.model, device=args.device, dtype="float32")
+    backbone = args.backbone or bundled_checkpoint(target)
+    if backbone is None:
+        raise SpecvizError("--backbone is needed: no bundled DFlash drafter for this target")
+    model = load_dflash_checkpoint(backbone)
+    label = "bundled" if not args.backbone else str(args.backbone)
+    res = train_retrace(target, model, label, args.data, args.eval, args.out, cfg,
+                        resume=args.resume, show_bar=True)
+    ev = res["eval"]
+    print(f"{res['steps_run']} steps in {res['seconds']:.0f}s; "
+          + (f"round r+1 accepted {ev['accepted_fused']:.3f} (ReTrace) vs "
+             f"{ev['accepted_backbone']:.3f} (backbone) on {ev['examples']} held-out examples"
+             if ev else "no eval"))
+    print(f"ReTrace written to {res['out']} (use: --method retrace --param checkpoint={res['out']})")
+    return 0
+
+
 def _common(p) -> None:
     p.add_argument("--model", default="default",
                    help="'default' (embedded SmolLM2-135M-Instruct), a HF id or a local folder")
@@ -374,6 +403,27 @@ def _add_train_dflash(tsub) -> None:
     p.set_defaults(func=cmd_train_dflash)
 
 
+def _add_train_retrace(tsub) -> None:
+    p = tsub.add_parser("retrace", help="train a ReTrace fusion on a frozen DFlash backbone")
+    p.add_argument("--data", action="append", required=True,
+                   help="rollouts (train split) or prefill folder; repeatable")
+    p.add_argument("--eval", default=None, help="rollouts folder whose eval split is held out")
+    p.add_argument("--backbone", default=None, help="DFlash checkpoint (default: the bundled)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--model", default="default")
+    p.add_argument("--device", default=None)
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--batch-size", type=int, default=4, help="sequences per step")
+    p.add_argument("--anchors-per-seq", type=int, default=12)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--gamma", type=float, default=4.0)
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--eval-sequences", type=int, default=24)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true")
+    p.set_defaults(func=cmd_train_retrace)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .drafters import METHODS
     from .drafters.docs import methods_text
@@ -389,6 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_rollouts(tsub)
     _add_train_prefill(tsub)
     _add_train_dflash(tsub)
+    _add_train_retrace(tsub)
     sub.add_parser("prepare", help="convert and cache the embedded model").set_defaults(
         func=cmd_prepare)
     return ap

@@ -142,3 +142,68 @@ def test_checkpoint_round_trip_and_bad_input(tmp_path, tiny_target):
         make_drafter("retrace", tiny_target, checkpoint=str(tmp_path / "bb"))
     with pytest.raises(SettingsError, match="ReTrace checkpoint"):
         make_drafter("retrace", tiny_target)
+
+
+# ----------------------------------------------------------------------------- training
+def test_simulated_round_memory_equals_the_engine(tiny_target):
+    """The training simulation's round-r memory (draft, acceptance, the target's verify argmax
+    at every rejected position, the drafter states) equals what the live engine builds."""
+    from specviz.train.rollouts import generate_batch
+    from specviz.train.retrace_train import round_examples
+
+    rng = random.Random(2)
+    checked = 0
+    for i in range(8):
+        model = new_dflash_for_target(tiny_target, num_layers=1, block_size=6, seed=i,
+                                      target_layer_ids=[0, 1])
+        ids = [rng.randrange(2, 64) for _ in range(rng.randint(3, 12))]
+        res = generate_batch(tiny_target, [ids], 30, [0, 1], store_dtype=torch.float32)
+        tokens = torch.tensor(ids + res.replies[0])
+        dr = ReTraceDrafter(tiny_target, model=model, fusion=ReTraceFusion(32), cut="off")
+        sess = Session(tiny_target, dr, ids, DecodeSettings(max_new_tokens=30))
+        while (rnd := sess.step()) is not None:
+            mem = dr.memory
+            if mem is None or len(rnd.draft) < 5 or rnd.start + len(rnd.draft) >= len(tokens):
+                continue
+            ex = round_examples(model.float(), tiny_target, tokens, res.hidden[0], None, len(ids),
+                                0, rng, anchors=torch.tensor([rnd.start - 1]))
+            assert ex is not None
+            sim = ex.memory[0]
+            assert sim.positions == mem.positions and torch.equal(sim.agree, mem.agree)
+            assert torch.allclose(sim.c, mem.c) and torch.allclose(sim.h, mem.h, atol=1e-4)
+            assert int(ex.anchors2[0]) == rnd.start + rnd.accepted
+            checked += 1
+    assert checked >= 5
+
+
+def test_training_runs_resumes_and_loads(tmp_path, tiny_target):
+    from specviz.bench import PromptItem
+    from specviz.train.retrace_train import ReTraceTrainConfig, train_retrace
+    from specviz.train.rollouts import make_rollouts
+    from specviz.drafters.dflash import save_dflash_checkpoint
+
+    items = [PromptItem(f"p{i}", "c", " ".join(f"t{(i * 5 + j) % 60 + 2}" for j in range(6)), "x")
+             for i in range(10)]
+    make_rollouts(tiny_target, items, tmp_path / "ro", max_new_tokens=24, layer_ids=[0, 1],
+                  holdout=0.3)
+    model = new_dflash_for_target(tiny_target, num_layers=1, block_size=6, seed=0,
+                                  target_layer_ids=[0, 1])
+    save_dflash_checkpoint(model, tmp_path / "bb")
+    cfg = ReTraceTrainConfig(steps=6, batch_size=2, anchors_per_seq=8, eval_every=3,
+                             eval_sequences=4)
+    res = train_retrace(tiny_target, model, str(tmp_path / "bb"), [tmp_path / "ro"],
+                        tmp_path / "ro", tmp_path / "rt", cfg)
+    assert res["steps_run"] == 6 and res["losses"] and res["eval"]["examples"] > 0
+    with pytest.raises(Exception, match="--resume"):
+        train_retrace(tiny_target, model, str(tmp_path / "bb"), [tmp_path / "ro"], None,
+                      tmp_path / "rt", cfg)
+    cfg.steps = 8
+    res2 = train_retrace(tiny_target, model, str(tmp_path / "bb"), [tmp_path / "ro"], None,
+                         tmp_path / "rt", cfg, resume=True)
+    assert res2["steps_run"] == 2
+    d = make_drafter("retrace", tiny_target, checkpoint=str(tmp_path / "rt"), cut="off")
+    assert float(d.fusion.proj.weight.abs().sum()) > 0   # it trained away from zero
+    ids = [5, 9, 13]
+    s = DecodeSettings(max_new_tokens=20)
+    assert Session(tiny_target, d, ids, s).run().output_ids == \
+        generate(tiny_target, "ar", ids, s).output_ids

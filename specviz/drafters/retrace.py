@@ -140,7 +140,7 @@ def fuse(x: torch.Tensor, fusion: ReTraceFusion, memory: RejectedMemory | None,
     info = {"slots": slots, "from_positions": [memory.positions[i] for _, i in pairs],
             "from_slots": [memory.slots[i] for _, i in pairs],
             "agree": [bool(memory.agree[i] > 0.5) for _, i in pairs],
-            "gate": [round(float(v), 4) for v in g]}
+            "gate": [round(float(v), 4) for v in g.detach()]}
     return x, info
 
 

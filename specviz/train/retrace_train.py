@@ -1,0 +1,269 @@
+"""ReTrace training (METHODS §2): simulated consecutive rounds on stored target sequences.
+
+For a sequence (a greedy rollout, or a prefill-labelled text where the exact-prefix labels of
+:mod:`specviz.train.prefill` say where it follows the target's greedy path) and anchors a:
+
+1. round r: the frozen DFlash backbone drafts the block at a (argmax of each slot); greedy
+   acceptance against the labels gives m accepted slots; slot m+1's label is the correction.
+   Examples whose acceptance is undetermined (a label masked before the first mismatch), whose
+   text leaves the greedy path before a+m+1, or without a rejected suffix (m+2 > B-1) are dropped.
+2. the verify pass: one target forward over the drafted tokens d_{m+1} .. d_{B-2} on the cached
+   target prefix (the sequence's KV cache cropped to a+m+1) gives the target's argmax at every
+   rejected position exactly as the engine's verify pass would (``Round.target_argmax``);
+   :func:`specviz.drafters.retrace.build_memory` turns it into the memory.
+3. round r+1 at a' = a+m+1 with the fused memory; loss = decay-weighted CE on its slots against
+   the exact labels. Only the fusion trains (the backbone is frozen; joint fine-tuning is not
+   implemented). Round 1 and the target run without gradients; the memory is detached.
+
+The eval reports, on held-out sequences, round r+1's mean accepted length with the fusion and
+with the gate off (= the backbone) on the same examples: exact for greedy decoding conditioned
+on round r, no sampling.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..drafters.retrace import ReTraceFusion, build_memory, fuse, fusion_config, save_retrace
+from ..errors import SettingsError, SpecvizError
+from .dflash_train import (TrainData, _lr_lambda, block_embeddings, forward_blocks,
+                           sequence_context, slot_weights)
+from .prefill import exact_prefix_labels, rollout_labels
+from .rollouts import RolloutSet
+
+LOG_NAME = "train_log.jsonl"
+
+
+@dataclass
+class ReTraceTrainConfig:
+    steps: int = 400
+    batch_size: int = 4            # sequences per step
+    anchors_per_seq: int = 12
+    lr: float = 1e-3
+    warmup: float = 0.05
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    gamma: float = 4.0
+    eval_every: int = 100
+    eval_sequences: int = 24
+    seed: int = 0
+
+    def validate(self) -> "ReTraceTrainConfig":
+        if self.steps < 1 or self.batch_size < 1 or self.anchors_per_seq < 1:
+            raise SettingsError("--steps, --batch-size and --anchors-per-seq must be at least 1")
+        if not self.lr > 0 or not 0 <= self.warmup < 1 or not self.gamma > 0:
+            raise SettingsError("--lr and --gamma must be > 0 and --warmup in [0, 1)")
+        return self
+
+
+@dataclass
+class Examples:
+    """Round-r+1 training examples of one sequence (everything detached)."""
+    anchors2: torch.Tensor         # [E] a' = a + m + 1
+    memory: list                   # RejectedMemory per example (positions absolute)
+    labels2: torch.Tensor          # [E, B-1]
+    valid2: torch.Tensor           # [E, B-1]
+    ctx_kv: list                   # the sequence's drafter context K/V
+
+
+def _labels(tokens, greedy, anchors, B):
+    if greedy is None:
+        return rollout_labels(tokens, anchors, B)
+    return exact_prefix_labels(tokens, greedy, anchors, B)
+
+
+@torch.no_grad()
+def target_cache(target, tokens: torch.Tensor):
+    """The target's KV cache over the whole sequence (one prefill forward)."""
+    from ..kvcache import cache_kwarg
+    from transformers import DynamicCache
+
+    m = target.model
+    cache = DynamicCache(config=m.config)
+    m(input_ids=tokens.view(1, -1).to(target.device), use_cache=True, **{cache_kwarg(m): cache})
+    return cache
+
+
+@torch.no_grad()
+def round_examples(model, target, tokens, hidden, greedy, prompt_len: int, n_anchors: int,
+                   rng: random.Random, anchors: torch.Tensor | None = None) -> Examples | None:
+    """Simulate round r at random anchors (or the given ones) and keep the examples that have a
+    rejected suffix."""
+    from ..kvcache import cache_kwarg, keep_rows
+
+    T, B = int(tokens.shape[0]), model.block_size
+    lo, hi = max(0, prompt_len - 1), T - 2
+    if hi < lo:
+        return None
+    if anchors is None:
+        anchors = torch.tensor(sorted(rng.sample(range(lo, hi + 1), min(n_anchors, hi - lo + 1))))
+    ctx_kv = sequence_context(model, hidden, T)
+    head = target.model.get_output_embeddings()
+    h1 = forward_blocks(model, block_embeddings(model, target, tokens[anchors], B), anchors,
+                        ctx_kv)[:, 1:]
+    d1 = model.slot_logits(h1, head).argmax(-1).cpu()                        # [K, B-1]
+    lab1, val1 = _labels(tokens, greedy, anchors, B)
+    m = torch.cumprod(((d1 == lab1) & val1).long(), 1).sum(1)               # accepted
+    keep = [j for j in range(len(anchors)) if int(m[j]) + 2 <= B - 1 and bool(val1[j, m[j] + 1])]
+    if not keep:
+        return None
+    cache = target_cache(target, tokens)
+    emb = target.model.get_input_embeddings()
+    a2, mems = [], []
+    for j in keep:
+        a, mj = int(anchors[j]), int(m[j])
+        c = copy.deepcopy(cache)
+        keep_rows(c, a + mj + 1, [])                            # tokens 0 .. a+m (committed)
+        inp = d1[j, mj:B - 2].view(1, -1)                       # d_{m+1} .. d_{B-2}
+        pos = torch.arange(a + mj + 1, a + mj + 1 + inp.shape[1]).view(1, -1)
+        out = target.model(input_ids=inp.to(target.device), position_ids=pos.to(target.device),
+                           use_cache=True, **{cache_kwarg(target.model): c})
+        # target_argmax as the engine records it: row i predicts slot i+1's position
+        tgt = lab1[j, :mj + 1].tolist() + out.logits[0].argmax(-1).tolist()
+        mems.append(build_memory(h1[j], d1[j].tolist(), mj, tgt, a, emb))
+        a2.append(a + mj + 1)
+    a2t = torch.tensor(a2)
+    lab2, val2 = _labels(tokens, greedy, a2t, B)
+    return Examples(a2t, mems, lab2, val2, ctx_kv)
+
+
+def round2_logits(model, target, fusion, tokens, ex: Examples, gate_off: bool = False):
+    """(slot logits [E, B-1, V], gates) of round r+1 with the fused memory."""
+    B = model.block_size
+    x = block_embeddings(model, target, tokens[ex.anchors2], B)
+    rows, gates = [], []
+    for e in range(len(ex.memory)):
+        xe, info = fuse(x[e:e + 1], fusion, ex.memory[e], int(ex.anchors2[e]), gate_off)
+        rows.append(xe)
+        gates += info.get("gate", [])
+    x = torch.cat(rows, 0)
+    h = forward_blocks(model, x, ex.anchors2, ex.ctx_kv)[:, 1:]
+    return model.slot_logits(h, target.model.get_output_embeddings()).float(), gates
+
+
+def round2_loss(logits, ex: Examples, weights):
+    """Decay-weighted CE over the valid, in-vocabulary labels; (sum, weight sum)."""
+    lp = torch.log_softmax(logits, -1)
+    ll = lp.gather(-1, ex.labels2.unsqueeze(-1).to(lp.device)).squeeze(-1)
+    ok = ex.valid2.to(lp.device) & torch.isfinite(ll)
+    w = weights.view(1, -1).to(lp.device) * ok
+    return -(torch.where(ok, ll, torch.zeros_like(ll)) * w).sum(), w.sum()
+
+
+def accepted2(logits, ex: Examples) -> torch.Tensor:
+    """Greedy accepted length of each round-r+1 block (labels masked = stop)."""
+    d = logits.argmax(-1).cpu()
+    return torch.cumprod(((d == ex.labels2) & ex.valid2).long(), 1).sum(1)
+
+
+@torch.no_grad()
+def evaluate(model, target, fusion, data, n: int, seed: int = 0) -> dict:
+    """Round r+1 accepted length with the fusion vs gate off, same examples."""
+    rng = random.Random(seed)
+    acc_f = acc_b = count = 0
+    for i in range(min(n, len(data))):
+        t, h, p = data.load(i)
+        ex = round_examples(model, target, t, h, data.greedy(i), p, 12, rng)
+        if ex is None:
+            continue
+        lf, _ = round2_logits(model, target, fusion, t, ex)
+        lb, _ = round2_logits(model, target, fusion, t, ex, gate_off=True)
+        acc_f += int(accepted2(lf, ex).sum())
+        acc_b += int(accepted2(lb, ex).sum())
+        count += len(ex.memory)
+    return {"examples": count, "accepted_fused": acc_f / max(1, count),
+            "accepted_backbone": acc_b / max(1, count)}
+
+
+def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_dir, out,
+                  cfg: ReTraceTrainConfig, resume: bool = False, show_bar: bool = False) -> dict:
+    """Train (or resume) a ReTrace fusion on the frozen ``backbone_model``."""
+    cfg.validate()
+    if not data_dirs:
+        raise SettingsError("give at least one --data folder (rollouts or prefill)")
+    data = TrainData(data_dirs[0], list(data_dirs[1:]))
+    if not len(data):
+        raise SpecvizError("no training sequences in the --data folders")
+    ev = RolloutSet(eval_dir, split="eval") if eval_dir else None
+    evd = ev if ev is not None and len(ev) else None
+    out = Path(out)
+    model = backbone_model.float().eval().requires_grad_(False)
+    rng = random.Random(cfg.seed)
+    state_path = out / "train_state.pt"
+    fusion = ReTraceFusion(model.hidden_size)
+    opt = torch.optim.AdamW(fusion.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
+    start = 0
+    if resume and state_path.is_file():
+        st = torch.load(state_path, map_location="cpu", weights_only=False)
+        fusion.load_state_dict(st["fusion"])
+        opt.load_state_dict(st["optimizer"])
+        sched.load_state_dict(st["scheduler"])
+        start, _ = int(st["step"]), rng.setstate(st["rng"])
+    elif state_path.is_file():
+        raise SpecvizError(f"{out} already holds a training run: pass --resume or another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    weights = slot_weights(model.block_size, cfg.gamma)
+    bar = None
+    if show_bar:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.steps, initial=start, desc="retrace", unit="step")
+    order: list[int] = []
+    hist, last_eval, t0 = [], None, time.perf_counter()
+    conf = fusion_config(fusion, model, backbone)
+
+    def log(rec):
+        with open(out / LOG_NAME, "a") as fh:
+            fh.write(json.dumps(rec) + "\n")
+
+    for step in range(start, cfg.steps):
+        tot = torch.zeros(())
+        wsum = torch.zeros(())
+        for _ in range(cfg.batch_size):
+            if not order:
+                order = list(range(len(data)))
+                rng.shuffle(order)
+            j = order.pop()
+            t, h, p = data.load(j)
+            ex = round_examples(model, target, t, h, data.greedy(j), p, cfg.anchors_per_seq, rng)
+            if ex is None:
+                continue
+            logits, _ = round2_logits(model, target, fusion, t, ex)
+            ls, ws = round2_loss(logits, ex, weights)
+            tot, wsum = tot + ls, wsum + ws
+        if float(wsum) > 0:
+            loss = tot / wsum
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(fusion.parameters(), 1.0)
+            opt.step()
+            hist.append(float(loss))
+        sched.step()
+        if bar is not None:
+            bar.update(1)
+            if hist:
+                bar.set_postfix_str(f"loss {sum(hist[-20:]) / len(hist[-20:]):.3f}")
+        if (step + 1) % 10 == 0 and hist:
+            log({"step": step + 1, "loss": round(hist[-1], 5)})
+        if evd is not None and cfg.eval_every and ((step + 1) % cfg.eval_every == 0
+                                                   or step + 1 == cfg.steps):
+            last_eval = evaluate(model, target, fusion, evd, cfg.eval_sequences)
+            log({"step": step + 1, **{k: round(v, 4) for k, v in last_eval.items()}})
+        if (step + 1) % max(1, cfg.eval_every or 50) == 0 or step + 1 == cfg.steps:
+            save_retrace(fusion, conf, out, {"specviz_training": {"step": step + 1,
+                                                                   **asdict(cfg)}})
+            torch.save({"step": step + 1, "fusion": fusion.state_dict(),
+                        "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                        "rng": rng.getstate()}, state_path)
+    if bar is not None:
+        bar.close()
+    el = time.perf_counter() - t0
+    return {"out": str(out), "steps_run": cfg.steps - start, "seconds": el, "losses": hist,
+            "eval": last_eval, "train_sequences": len(data)}
