@@ -201,6 +201,8 @@ def main() -> None:
                 url_path="open-trace"),
         st.Page("pages/adapld.py", title="AdaPLD: where drafts come from",
                 icon=":material/account_tree:", url_path="adapld-drafts"),
+        st.Page("pages/retrace.py", title="ReTrace: rejected suffixes",
+                icon=":material/replay:", url_path="retrace-memory"),
     ]
     page = st.navigation(pages)
     st.html(PAGE_CSS)

@@ -1,0 +1,101 @@
+"""The ReTrace page: its views (specviz.viz.retrace) on a hand-made trace, and the page in
+AppTest -- a ReTrace trace, a trace without ReTrace extras (a clear note, no stack trace), and a
+real run of ReTrace beside its backbone on the embedded model (integration)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specviz.trace import Round, Trace
+from specviz.viz import retrace as vr
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+
+
+def make_retrace_trace(with_extras: bool = True) -> Trace:
+    """Prompt 0..9. Round 1 drafts 20..24 at positions 10..14: 20 accepted, 21 rejected (the
+    target said 30), 22 23 24 never judged. Round 2 (anchor 30 at 11) drafts 22 23 40 at 12..14
+    with the memory of 22 23 24 on slots 1..3; 22 23 accepted, target said 41 at 14."""
+    ext = {"retrace": {"slots": [1, 2, 3], "from_positions": [12, 13, 14], "from_slots": [3, 4, 5],
+                       "agree": [True, False, False], "gate": [0.7, 0.4, 0.1]}}
+    rounds = [
+        Round(index=0, start=10, drafter="retrace", draft=[20, 21, 22, 23, 24], accepted=1,
+              committed=[20, 30], target_argmax=[20, 30, 22, 9, 9, 9],
+              extras={"topk": [[20], [21, 30], [22], [23], [24]]}),
+        Round(index=1, start=12, drafter="retrace", draft=[22, 23, 40], accepted=2,
+              committed=[22, 23, 41], target_argmax=[22, 23, 41, 5],
+              extras=ext if with_extras else {}),
+        Round(index=2, start=15, drafter="retrace", draft=[], accepted=0, committed=[42]),
+    ]
+    texts = {i: f" w{i}" for i in range(60)}
+    return Trace(meta={"method": "retrace", "model": "toy"}, prompt_ids=list(range(10)),
+                 rounds=rounds, token_texts=texts)
+
+
+def test_pair_rows_and_grid():
+    tr = make_retrace_trace()
+    rows = vr.pair_rows(tr, 1)
+    assert rows["rejected"] == {11: 21, 12: 22, 13: 23, 14: 24}
+    assert rows["first_rejected"] == 11
+    assert rows["kinds"] == {11: "unmatched", 12: "matched", 13: "matched", 14: "unmatched"}
+    assert rows["gates"] == {12: 0.7, 13: 0.4, 14: 0.1}
+    h = vr.alignment_grid_html(tr, 1)
+    assert "rt-first" in h and h.count("rt-fused") >= 3 and "gate 0.70" in h
+    assert vr.pair_rows(tr, 0) is None and vr.pair_rows(tr, 2) is None
+    assert "no memory" in vr.alignment_grid_html(tr, 2)
+
+
+def test_tables_and_figures():
+    tr = make_retrace_trace()
+    t = vr.slot_table([tr])
+    assert list(t["rejected slot"]) == [1, 2, 3, 4]
+    assert t.loc[t["rejected slot"] == 2, "exact"].item() == 1.0     # 22 is at 12 in the end
+    m = vr.match_matrix([tr])
+    assert m.loc[1, 0] == 0.0 and m.loc[2, 0] == 1.0
+    g = vr.gate_table(tr)
+    assert list(g["slot's fate"]) == ["accepted", "accepted", "rejected"]
+    assert vr.fig_gates(tr).data and vr.fig_match_heatmap([tr]).data
+    assert vr.has_retrace(tr) and not vr.has_retrace(make_retrace_trace(False))
+    other = make_retrace_trace()
+    other.rounds[1] = Round(index=1, start=12, drafter="dflash", draft=[22, 50], accepted=1,
+                            committed=[22, 23])
+    assert vr.first_divergence(tr, other) == 1 and vr.first_divergence(tr, tr) is None
+    assert len(vr.side_by_side(tr, other)) == 3 and len(vr.fig_progress(tr, other).data) == 2
+
+
+def new_app():
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(APP, default_timeout=240)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def assert_clean(at):
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+@pytest.mark.parametrize("extras", [True, False])
+def test_page_shows_a_saved_trace(extras):
+    at = new_app()
+    at.session_state["uploaded_trace"] = make_retrace_trace(extras)
+    at.switch_page("pages/retrace.py").run()
+    assert_clean(at)
+    h = "".join(x.value for x in at.html)
+    assert "rt-grid" in h and "rt-first" in h
+    if extras:
+        assert "gate 0.70" in h and len(at.get("plotly_chart")) == 2
+        assert not at.info
+    else:
+        assert any("no ReTrace memory details" in i.value for i in at.info)
+        assert len(at.get("plotly_chart")) == 1
+
+
+def test_page_without_a_run():
+    at = new_app()
+    at.switch_page("pages/retrace.py").run()
+    assert_clean(at)
+    assert any("No run yet" in m.value for m in at.markdown)
