@@ -270,6 +270,60 @@ def cmd_train_retrace(args) -> int:
     return 0
 
 
+def cmd_eval(args) -> int:
+    import csv
+
+    from .analysis.offline_eval import offline_compare, parse_drafters, real_rounds
+    from .models import load_target
+    from .train.rollouts import RolloutSet, read_meta
+
+    specs = parse_drafters(args.drafters)
+    meta = read_meta(args.rollouts)
+    rs = RolloutSet(args.rollouts, split=None if args.split == "all" else args.split)
+    if not len(rs):
+        raise SpecvizError(f"{args.rollouts} has no rollouts in split '{args.split}' "
+                           "(use --split all)")
+    name = args.model or meta.get("model") or "default"
+    if str(name).endswith("(embedded)"):  # rollouts made through the library name it so
+        name = "default"
+    target = load_target(name, device=args.device, dtype="float32")
+    from tqdm.auto import tqdm
+
+    n = len(rs) if args.limit is None else min(args.limit, len(rs))
+    bar = tqdm(total=n, desc="offline EDR", unit="rollout")
+    res = offline_compare(target, rs, specs, limit=n, progress=lambda d, t: bar.update(1))
+    bar.close()
+    if args.real:
+        res["real"] = real_rounds(target, rs, specs, args.real)
+        for lab, r in res["real"].items():
+            off = [row[f"edr:{lab}"] for row in res["rows"][:r["rollouts"]]]
+            r["equals_offline"] = sum(abs(a - b) < 1e-6 for a, b in zip(r["rounds"], off))
+            r["seconds_extrapolated"] = r["seconds"] * n / max(1, r["rollouts"])
+        real_s = sum(r["seconds_extrapolated"] for r in res["real"].values())
+        res["speedup_offline_vs_real"] = real_s / max(1e-9, sum(res["seconds_offline"].values()))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eval.json").write_text(json.dumps({k: v for k, v in res.items() if k != "rows"},
+                                              indent=2) + "\n")
+    with open(out / "eval.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(res["rows"][0]))
+        w.writeheader()
+        w.writerows(res["rows"])
+    labels = [s.label for s in specs]
+    print(f"{'category':<16}{'rollouts':>9}" + "".join(f"{lab + ' tau':>22}" for lab in labels))
+    for cat, ent in res["summary"].items():
+        print(f"{cat:<16}{ent['rollouts']:>9}" + "".join(
+            f"{ent['drafters'][lab]['tau']:>22.3f}" for lab in labels))
+    for pair, b in res["summary"]["all"]["paired"].items():
+        lo, hi = b["rounds_change_ci"]
+        print(f"{pair}: expected rounds {b['rounds_change']:+.1%} (95% CI {lo:+.1%} .. {hi:+.1%})")
+    print(f"offline: {sum(res['seconds_offline'].values()):.1f}s"
+          + (f"; real runs (extrapolated to {n}): {real_s:.1f}s, "
+             f"{res['speedup_offline_vs_real']:.1f}x slower" if args.real else ""))
+    print(f"written to {out}/eval.json and {out}/eval.csv")
+    return 0
+
+
 def _common(p) -> None:
     p.add_argument("--model", default="default",
                    help="'default' (embedded SmolLM2-135M-Instruct), a HF id or a local folder")
@@ -424,6 +478,24 @@ def _add_train_retrace(tsub) -> None:
     p.set_defaults(func=cmd_train_retrace)
 
 
+def _add_eval(sub) -> None:
+    p = sub.add_parser("eval", help="offline paired comparison of drafters on cached rollouts "
+                       "(exact expected decoding rounds, no speculative decoding)")
+    p.add_argument("--drafters", required=True,
+                   help="comma-separated METHOD or METHOD:CHECKPOINT (pld, dflash, "
+                   "dflash:runs/x); the first is the reference of the paired differences")
+    p.add_argument("--rollouts", required=True, help="a rollouts folder (train rollouts)")
+    p.add_argument("--split", default="eval", choices=["eval", "train", "all"])
+    p.add_argument("--limit", type=int, default=None, help="first N rollouts")
+    p.add_argument("--real", type=int, default=0,
+                   help="also run real greedy speculative decoding on the first N rollouts "
+                   "(time and exactness check)")
+    p.add_argument("--model", default=None, help="target (default: the rollouts' model)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--out", default="eval-out")
+    p.set_defaults(func=cmd_eval)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .drafters import METHODS
     from .drafters.docs import methods_text
@@ -434,6 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
     methods, epilog = ", ".join(METHODS), methods_text()
     _add_run(sub, methods, epilog)
     _add_show_and_bench(sub, methods, epilog)
+    _add_eval(sub)
     tsub = sub.add_parser("train", help="make rollouts / train a drafter (METHODS §1)"
                           ).add_subparsers(dest="train_cmd", required=True)
     _add_train_rollouts(tsub)

@@ -32,44 +32,44 @@ from ..drafters.base import DraftContext, Drafter, VerifyFeedback, clip_draft
 from ..trace import Round
 
 
-def budget_mask(L: int, K: int) -> torch.Tensor:
+def budget_mask(L: int, K: int, device=None) -> torch.Tensor:
     """[L, K] bool: slot t of state n fits the budget (t <= L - n - 1)."""
-    n = torch.arange(L).view(L, 1)
-    t = torch.arange(1, K + 1).view(1, K)
+    n = torch.arange(L, device=device).view(L, 1)
+    t = torch.arange(1, K + 1, device=device).view(1, K)
     return t <= (L - n - 1)
 
 
 def survival(a: torch.Tensor) -> torch.Tensor:
-    """S[..., n, j] = prod_{t <= j} a[..., n, t], j = 0..K (S[..., 0] = 1); a clipped to the
-    budget."""
+    """S[..., n, j] = prod_{t <= j} a[..., n, t], j = 0..K (S[..., 0] = 1); a clipped to [0, 1]
+    and to the budget. Differentiable, on a's device."""
     L, K = a.shape[-2], a.shape[-1]
-    a = a.clamp(0.0, 1.0) * budget_mask(L, K).to(a.dtype)
-    ones = torch.ones(*a.shape[:-1], 1, dtype=a.dtype)
-    return torch.cat([ones, a.cumprod(-1)], -1)
+    a = a.clamp(0.0, 1.0) * budget_mask(L, K, a.device).to(a.dtype)
+    return torch.cat([a.new_ones(*a.shape[:-1], 1), a.cumprod(-1)], -1)
 
 
 def step_probs(a: torch.Tensor) -> torch.Tensor:
     """P[..., n, j] = probability that a round starting at n accepts exactly j tokens."""
     S = survival(a)
-    zero = torch.zeros(*S.shape[:-1], 1, dtype=S.dtype)
-    return S - torch.cat([S[..., 1:], zero], -1)
+    return S - torch.cat([S[..., 1:], torch.zeros_like(S[..., :1])], -1)
 
 
 def values(a: torch.Tensor) -> torch.Tensor:
-    """V[..., n] for n = 0..L (V[..., L] = 0): expected rounds from state n to the end."""
+    """V[..., n] for n = 0..L (V[..., L] = 0): expected rounds from state n to the end.
+    Differentiable (no in-place writes: the EDR objective backpropagates through it)."""
     P = step_probs(a)
     L, J = P.shape[-2], P.shape[-1]
-    V = torch.zeros(*P.shape[:-2], L + 1 + J, dtype=P.dtype)  # padded: states past L are 0
+    V = [P.new_zeros(P.shape[:-2])] * (L + 1 + J)   # states past L are 0
     for n in range(L - 1, -1, -1):
-        V[..., n] = 1.0 + (P[..., n, :] * V[..., n + 1:n + 1 + J]).sum(-1)
-    return V[..., :L + 1]
+        V[n] = 1.0 + (P[..., n, :] * torch.stack(V[n + 1:n + 1 + J], -1)).sum(-1)
+    return torch.stack(V[:L + 1], -1)
 
 
+@torch.no_grad()
 def occupancy(a: torch.Tensor) -> torch.Tensor:
-    """d[..., n]: expected number of rounds that start at state n (d[..., 0] = 1)."""
+    """d[..., n]: expected number of rounds that start at state n (d[..., 0] = 1; no grad)."""
     P = step_probs(a)
     L, J = P.shape[-2], P.shape[-1]
-    d = torch.zeros(*P.shape[:-2], L + J, dtype=P.dtype)
+    d = P.new_zeros(*P.shape[:-2], L + J)
     d[..., 0] = 1.0
     for n in range(L):
         d[..., n + 1:n + 1 + J] += d[..., n:n + 1] * P[..., n, :]

@@ -224,10 +224,22 @@ class RolloutSet:
                 raise SpecvizError(f"rollout shard {path} is missing")
             if len(self._open) > 8:
                 self._open.pop(next(iter(self._open)))
-            self._open[shard] = safe_open(str(path), framework="pt")
+            try:
+                self._open[shard] = safe_open(str(path), framework="pt")
+            except Exception as exc:
+                raise SpecvizError(f"rollout shard {path} cannot be opened ({exc}): truncated "
+                                   "or not a safetensors file") from exc
         f = self._open[shard]
-        toks = f.get_tensor(r["name"] + ".tokens").long()
-        hid = f.get_tensor(r["name"] + ".hidden")
+        try:
+            toks = f.get_tensor(r["name"] + ".tokens").long()
+            hid = f.get_tensor(r["name"] + ".hidden")
+        except Exception as exc:  # a truncated or foreign shard
+            raise SpecvizError(f"rollout {r.get('key')} cannot be read from {self.folder / shard} "
+                               f"({exc}): the shard is truncated or not a rollouts shard") from exc
+        if toks.shape[0] != hid.shape[0] or not 0 < int(r["prompt_len"]) <= toks.shape[0]:
+            raise SpecvizError(f"rollout {r.get('key')} in {self.folder / shard} is inconsistent "
+                               f"({toks.shape[0]} tokens, {hid.shape[0]} feature rows, prompt "
+                               f"length {r['prompt_len']})")
         return toks, hid, int(r["prompt_len"])
 
     def greedy(self, i: int) -> torch.Tensor | None:

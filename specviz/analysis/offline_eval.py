@@ -1,0 +1,216 @@
+"""Offline comparison of drafters on the SAME cached target rollouts (METHODS §4, EDR): expected
+decoding rounds and mean accepted length per category, paired differences with bootstrap
+confidence intervals -- no speculative decoding, no target forward.
+
+Per rollout and drafter: the draft at every state n (:func:`state_drafts`; for DFlash all states
+in a few batched drafter forwards, :func:`dflash_state_drafts`), greedy acceptance against the
+rollout, and :func:`specviz.analysis.edr.evaluate`. For drafters that are deterministic and
+Markov in n (PLD, DFlash with ``cut="off"``) the expected rounds equal the rounds of a real
+greedy speculative run on the rollout's prompt exactly (tested; :func:`real_rounds` checks it on
+a sample). Drafters with a memory of earlier rounds are refused: AdaPLD's statistics and the
+cost-aware cut would be an approximation here, and ReTrace's memory needs the previous verify
+pass (run the bench for those).
+
+Drafter specs: ``METHOD`` or ``METHOD:CHECKPOINT`` (e.g. ``dflash:runs/dflash-b8``).
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..errors import SettingsError, SpecvizError
+from .edr import evaluate, greedy_acceptance, state_drafts
+
+MARKOV = {"pld": {}, "dflash": {"cut": "off"}}
+
+
+@dataclass
+class DrafterSpec:
+    label: str
+    method: str
+    params: dict = field(default_factory=dict)
+
+
+def parse_drafters(spec: str) -> list[DrafterSpec]:
+    """'pld,dflash:runs/x' -> specs; unknown or non-Markov methods raise a SettingsError."""
+    out = []
+    for part in [p.strip() for p in str(spec).split(",") if p.strip()]:
+        method, _, ckpt = part.partition(":")
+        method = method.strip().lower()
+        if method not in MARKOV:
+            raise SettingsError(f"eval supports the drafters that are Markov in the state "
+                                f"({', '.join(MARKOV)}), not '{method}': its drafts depend on "
+                                "earlier rounds (run `python -m specviz bench` for it)")
+        params = dict(MARKOV[method])
+        if ckpt:
+            params["checkpoint"] = ckpt
+        out.append(DrafterSpec(part, method, params))
+    if len(out) < 1:
+        raise SettingsError("--drafters is empty (e.g. --drafters pld,dflash)")
+    if len({d.label for d in out}) != len(out):
+        raise SettingsError("--drafters lists the same drafter twice")
+    return out
+
+
+# --------------------------------------------------------------------------- drafts per state
+@torch.no_grad()
+def dflash_state_drafts(model, target, tokens: torch.Tensor, hidden: torch.Tensor,
+                        prompt_len: int, block_size: int | None = None,
+                        chunk: int = 96) -> list[list[int]]:
+    """DFlash's greedy draft at every state n of a rollout in batched forwards: the block of
+    state n is anchored at prompt_len-1+n and sees the context < that anchor (as the live
+    drafter with ``cut="off"`` does); drafts are clipped to the budget L-n-1."""
+    from ..train.dflash_train import block_embeddings, forward_blocks, sequence_context
+
+    T, P = int(tokens.shape[0]), int(prompt_len)
+    L = T - P
+    B = model.block_size
+    k = (block_size or B) - 1
+    head = target.model.get_output_embeddings()
+    ctx_kv = sequence_context(model, hidden, T - 1)
+    out: list[list[int]] = []
+    for s in range(0, L, chunk):
+        anchors = torch.arange(P - 1 + s, P - 1 + min(L, s + chunk))
+        h = forward_blocks(model, block_embeddings(model, target, tokens[anchors], B), anchors,
+                           ctx_kv)[:, 1:1 + k]
+        top = model.slot_logits(h, head).argmax(-1).tolist()
+        for j, n in enumerate(range(s, min(L, s + chunk))):
+            out.append([int(t) for t in top[j][:max(0, min(k, L - n - 1))]])
+    return out
+
+
+def check_rollouts(target, rollout_set, drafters: dict) -> None:
+    """One clear error when the rollouts were made by another target or tapped other layers
+    than a hidden-state drafter reads."""
+    meta = rollout_set.meta
+    tc = getattr(target.model.config, "text_config", None) or target.model.config
+    want = {"hidden_size": int(tc.hidden_size), "num_target_layers": int(tc.num_hidden_layers),
+            "vocab_size": int(target.model.get_input_embeddings().num_embeddings)}
+    bad = [f"{k} {meta.get(k)} (rollouts) vs {v} (target)" for k, v in want.items()
+           if meta.get(k) is not None and int(meta[k]) != v]
+    if bad:
+        raise SpecvizError(f"the rollouts in {rollout_set.folder} were made by another target "
+                           f"or tokenizer ({meta.get('model')}): " + "; ".join(bad))
+    for label, d in drafters.items():
+        ids = getattr(getattr(d, "model", None), "target_layer_ids", None)
+        if ids is not None and list(ids) != list(meta.get("target_layer_ids", [])):
+            raise SpecvizError(f"{label} reads target layers {list(ids)} but the rollouts stored "
+                               f"layers {meta.get('target_layer_ids')}: make rollouts with "
+                               f"--layers {','.join(map(str, ids))}")
+
+
+def drafts_for(spec: DrafterSpec, drafter, target, rollout_set, i: int) -> list[list[int]]:
+    """The drafts at every state of rollout ``i`` (batched for DFlash)."""
+    t, h, p = rollout_set.load(i)
+    if spec.method == "dflash":
+        return dflash_state_drafts(drafter.model, target, t, h, p, drafter.block_size)
+    return state_drafts(drafter, rollout_set.rollout(i), target)
+
+
+# --------------------------------------------------------------------------- statistics
+def bootstrap_ci(values_a: list[float], values_b: list[float], tokens: list[int],
+                 n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
+    """Paired bootstrap over rollouts: relative change of total expected rounds (B vs A) and
+    the ratio of mean accepted lengths, with percentile intervals."""
+    n = len(values_a)
+    if n == 0:
+        return {}
+    rng = random.Random(seed)
+
+    def stats(idx):
+        ea, eb = sum(values_a[i] for i in idx), sum(values_b[i] for i in idx)
+        toks = sum(tokens[i] for i in idx)
+        return (eb - ea) / ea if ea else 0.0, (toks / eb) / (toks / ea) if ea and eb else 0.0
+
+    point = stats(range(n))
+    boots = [stats([rng.randrange(n) for _ in range(n)]) for _ in range(n_boot)]
+    lo, hi = (1 - level) / 2, 1 - (1 - level) / 2
+
+    def q(xs, f):
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, max(0, int(round(f * (len(xs) - 1)))))]
+    rel, ratio = [b[0] for b in boots], [b[1] for b in boots]
+    return {"rounds_change": point[0], "rounds_change_ci": [q(rel, lo), q(rel, hi)],
+            "tau_ratio": point[1], "tau_ratio_ci": [q(ratio, lo), q(ratio, hi)],
+            "rollouts": n, "bootstrap": n_boot, "level": level}
+
+
+def summarize(rows: list[dict], labels: list[str]) -> dict:
+    """Per category (and 'all'): rollouts, tokens, expected rounds and tau per drafter; paired
+    bootstrap of every drafter against the first."""
+    cats = sorted({r["category"] for r in rows}) + ["all"]
+    out = {}
+    for c in cats:
+        sub = [r for r in rows if c == "all" or r["category"] == c]
+        toks = [r["tokens"] for r in sub]
+        ent = {"rollouts": len(sub), "tokens": sum(toks), "drafters": {}}
+        for lab in labels:
+            e = sum(r[f"edr:{lab}"] for r in sub)
+            ent["drafters"][lab] = {"expected_rounds": e, "tau": sum(toks) / e if e else 0.0}
+        ent["paired"] = {f"{lab} vs {labels[0]}": bootstrap_ci(
+            [r[f"edr:{labels[0]}"] for r in sub], [r[f"edr:{lab}"] for r in sub], toks)
+            for lab in labels[1:]}
+        out[c] = ent
+    return out
+
+
+# --------------------------------------------------------------------------- the comparison
+def offline_compare(target, rollout_set, specs: list[DrafterSpec], limit: int | None = None,
+                    progress: Callable[[int, int], None] | None = None) -> dict:
+    """Expected rounds of every drafter on every rollout (same rollouts), with timings."""
+    from ..drafters import make_drafter
+
+    n = len(rollout_set) if limit is None else min(limit, len(rollout_set))
+    if n == 0:
+        raise SpecvizError("no rollouts to evaluate (empty folder or split)")
+    drafters = {s.label: make_drafter(s.method, target, **s.params) for s in specs}
+    check_rollouts(target, rollout_set, drafters)
+    rows, secs = [], {s.label: 0.0 for s in specs}
+    for i in range(n):
+        t, _, p = rollout_set.load(i)
+        y = t[p:].tolist()
+        if not y:
+            continue
+        row = {"key": rollout_set.rows[i].get("key"), "category": rollout_set.rows[i].get(
+            "category", ""), "tokens": len(y), "prompt_len": p}
+        for s in specs:
+            t0 = time.perf_counter()
+            drafts = drafts_for(s, drafters[s.label], target, rollout_set, i)
+            res = evaluate(greedy_acceptance(drafts, y))
+            secs[s.label] += time.perf_counter() - t0
+            row[f"edr:{s.label}"] = res.edr
+        rows.append(row)
+        if progress:
+            progress(i + 1, n)
+    labels = [s.label for s in specs]
+    return {"rows": rows, "summary": summarize(rows, labels), "seconds_offline": secs,
+            "drafters": {s.label: {"method": s.method, "params": s.params} for s in specs}}
+
+
+def real_rounds(target, rollout_set, specs: list[DrafterSpec], n: int) -> dict:
+    """Real greedy speculative runs of each drafter on the first ``n`` rollouts' prompts:
+    rounds, wall seconds, and whether the rounds equal the offline expected rounds."""
+    from ..drafters import make_drafter
+    from ..engine import DecodeSettings, Session
+
+    out = {}
+    for s in specs:
+        secs, rounds = 0.0, []
+        for i in range(min(n, len(rollout_set))):
+            t, _, p = rollout_set.load(i)
+            L = int(t.shape[0]) - p
+            if L <= 0:
+                continue
+            t0 = time.perf_counter()
+            tr = Session(target, make_drafter(s.method, target, **s.params), t[:p].tolist(),
+                         DecodeSettings(max_new_tokens=L)).run()
+            secs += time.perf_counter() - t0
+            rounds.append((tr.num_rounds, tr.output_ids == t[p:].tolist()))
+        out[s.label] = {"rollouts": len(rounds), "seconds": secs,
+                        "rounds": [r for r, _ in rounds],
+                        "same_text": sum(ok for _, ok in rounds)}
+    return out
