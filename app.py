@@ -203,6 +203,8 @@ def main() -> None:
                 icon=":material/account_tree:", url_path="adapld-drafts"),
         st.Page("pages/retrace.py", title="ReTrace: rejected suffixes",
                 icon=":material/replay:", url_path="retrace-memory"),
+        st.Page("pages/edr.py", title="EDR: where the rounds go",
+                icon=":material/timeline:", url_path="edr-rounds"),
     ]
     page = st.navigation(pages)
     st.html(PAGE_CSS)

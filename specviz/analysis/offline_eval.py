@@ -214,3 +214,48 @@ def real_rounds(target, rollout_set, specs: list[DrafterSpec], n: int) -> dict:
                         "rounds": [r for r, _ in rounds],
                         "same_text": sum(ok for _, ok in rounds)}
     return out
+
+
+# --------------------------------------------------------------------------- one prompt
+@dataclass
+class PromptMRP:
+    """One prompt's greedy rollout and, per drafter, its acceptance matrix and MRP."""
+    rollout: object                 # specviz.analysis.replay.Rollout
+    acceptance: dict                # label -> a [L, K]
+    results: dict                   # label -> MRPResult
+    drafts: dict                    # label -> drafts per state
+
+
+def prompt_mrp(target, prompt_ids: list[int], specs: list[DrafterSpec],
+               max_new_tokens: int) -> PromptMRP:
+    """Generate the target's greedy reply to ``prompt_ids`` (with the tapped features the
+    hidden-state drafters need) and evaluate every drafter's MRP on it."""
+    from ..drafters import make_drafter
+    from ..train.rollouts import generate_batch
+    from .replay import Rollout
+
+    drafters = {s.label: make_drafter(s.method, target, **s.params) for s in specs}
+    layers = sorted({i for d in drafters.values()
+                     for i in (getattr(getattr(d, "model", None), "target_layer_ids", None) or [])})
+    res = generate_batch(target, [list(prompt_ids)], max_new_tokens, layers or [0],
+                         store_dtype=torch.float32)
+    tokens = list(prompt_ids) + res.replies[0]
+    P = len(prompt_ids)
+    ro = Rollout(tokens, P, res.hidden[0], [i + 1 for i in (layers or [0])])
+    y = tokens[P:]
+    acc, out, drafts = {}, {}, {}
+    for s in specs:
+        d = drafters[s.label]
+        if s.method == "dflash":
+            H = res.hidden[0].shape[-1] // len(layers)
+            cols = torch.cat([res.hidden[0][:, j * H:(j + 1) * H]
+                              for j in [layers.index(i) for i in d.model.target_layer_ids]], -1)
+            dr = dflash_state_drafts(d.model, target, torch.tensor(tokens), cols, P,
+                                     d.block_size)
+        else:
+            dr = state_drafts(d, ro, target)
+        K = max([len(x) for x in dr] + [1])
+        acc[s.label] = greedy_acceptance(dr, y, K=K)
+        out[s.label] = evaluate(acc[s.label])
+        drafts[s.label] = dr
+    return PromptMRP(ro, acc, out, drafts)

@@ -8,7 +8,6 @@ target's verify argmax there, and the gate value.
 """
 from __future__ import annotations
 
-import html
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -37,7 +36,7 @@ def has_retrace(trace: Trace) -> bool:
 def _text(trace: Trace, tok: int | None) -> str:
     if tok is None:
         return ""
-    return html.escape(visible_text(trace.token_texts.get(int(tok), f"#{tok}")))
+    return visible_text(trace.token_texts.get(int(tok), f"#{tok}"))
 
 
 def classify(token: int, position: int, final: list[int], max_offset: int = 3) -> str:

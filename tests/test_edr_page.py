@@ -1,0 +1,68 @@
+"""The EDR page: one prompt's MRP (specviz.analysis.offline_eval.prompt_mrp) equals real runs,
+the views (specviz.viz.edr) on it, and the page in AppTest on the embedded model."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from specviz.analysis.edr import evaluate
+from specviz.analysis.offline_eval import DrafterSpec, prompt_mrp
+from specviz.drafters import make_drafter
+from specviz.drafters.dflash import new_dflash_for_target, save_dflash_checkpoint
+from specviz.engine import DecodeSettings, Session
+from specviz.viz import edr as ve
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+
+
+def test_prompt_mrp_equals_real_runs(tiny_target, tmp_path):
+    model = new_dflash_for_target(tiny_target, num_layers=1, block_size=5, seed=2,
+                                  target_layer_ids=[0, 1])
+    save_dflash_checkpoint(model, tmp_path / "d")
+    specs = [DrafterSpec("pld", "pld", {}),
+             DrafterSpec("dflash", "dflash", {"cut": "off", "checkpoint": str(tmp_path / "d")})]
+    for ids in ([5, 9, 5, 9, 5, 9, 7], [3, 4, 5, 6, 3, 4, 5]):
+        res = prompt_mrp(tiny_target, ids, specs, 20)
+        assert res.rollout.tokens[:len(ids)] == ids
+        for s in specs:
+            tr = Session(tiny_target, make_drafter(s.method, tiny_target, **s.params), ids,
+                         DecodeSettings(max_new_tokens=20)).run()
+            assert tr.output_ids == res.rollout.tokens[len(ids):]
+            assert res.results[s.label].edr == tr.num_rounds
+
+
+def test_views():
+    a = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 0], [1, 1, 0], [0, 0, 0], [0, 0, 0]],
+                     dtype=torch.float64)
+    b = torch.zeros_like(a)
+    results = {"A": evaluate(a), "B": evaluate(b)}
+    assert results["A"].edr == 2 and results["B"].edr == 6   # A: rounds at 0 and 3
+    h = ve.occupancy_tokens_html([10, 11, 12, 13, 14, 15], {10: "<x>"}, results["A"].occupancy)
+    assert "&lt;x&gt;" in h and h.count("border-left") == 2
+    assert len(ve.fig_occupancy(results).data) == 2 and ve.fig_values(results).data
+    diff = ve.fig_difference(results).data[0].y
+    assert list(diff) == [0, 1, 1, 0, 1, 1]
+    rows = ve.summary_rows(results, {"A": 2, "B": 6})
+    assert rows[0]["expected rounds (EDR)"] == 2 and rows[1]["rounds of a real run"] == 6
+    assert ve.fig_acceptance(a, "A").data
+
+
+@pytest.mark.integration
+def test_edr_page_on_the_embedded_model():
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.run()
+    at.number_input(key="max_new_tokens").set_value(24).run()
+    at.switch_page("pages/edr.py").run()
+    assert not at.exception and not at.error
+    assert any("Press **Compute**" in i.value for i in at.info)
+    at.button(key="edr_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    table = at.dataframe[0].value
+    assert list(table["drafter"]) == ["pld", "dflash"]
+    assert (table["expected rounds (EDR)"] == table["rounds of a real run"]).all()
+    assert len(at.get("plotly_chart")) == 5
