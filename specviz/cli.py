@@ -324,6 +324,30 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_train_finetune(args) -> int:
+    from .drafters.dflash import bundled_checkpoint, load_dflash_checkpoint
+    from .models import load_target
+    from .train.edr_train import EDRTrainConfig, finetune
+    from .train.rollouts import read_meta
+
+    cfg = EDRTrainConfig(objective=args.objective, steps=args.steps, batch_size=args.batch_size,
+                         num_starts=args.num_starts, lr=args.lr, eval_every=args.eval_every,
+                         eval_rollouts=args.eval_rollouts, seed=args.seed).validate()
+    read_meta(args.rollouts)
+    target = load_target(args.model, device=args.device, dtype="float32")
+    init = args.init or bundled_checkpoint(target)
+    if init is None:
+        raise SpecvizError("--init is needed: no bundled DFlash drafter for this target")
+    res = finetune(target, load_dflash_checkpoint(init), args.rollouts, args.eval, args.out,
+                   cfg, show_bar=True)
+    ev = res["evals"]
+    if ev:
+        print(f"held-out expected rounds {ev[0]['expected_rounds']:.1f} -> "
+              f"{ev[-1]['expected_rounds']:.1f} (tau {ev[0]['tau']:.3f} -> {ev[-1]['tau']:.3f})")
+    print(f"drafter written to {res['out']}")
+    return 0
+
+
 def _common(p) -> None:
     p.add_argument("--model", default="default",
                    help="'default' (embedded SmolLM2-135M-Instruct), a HF id or a local folder")
@@ -496,6 +520,28 @@ def _add_eval(sub) -> None:
     p.set_defaults(func=cmd_eval)
 
 
+def _add_train_finetune(tsub) -> None:
+    p = tsub.add_parser("finetune", help="fine-tune a DFlash drafter with EDR (exact TD "
+                        "gradient), decay-CE or the survival surrogate")
+    p.add_argument("--objective", default="edr", choices=["edr", "decay_ce", "survival"])
+    p.add_argument("--init", default=None, help="DFlash checkpoint to start from (default: "
+                   "the bundled drafter)")
+    p.add_argument("--rollouts", required=True, help="greedy rollouts (train split)")
+    p.add_argument("--eval", default=None, help="rollouts whose eval split is held out")
+    p.add_argument("--out", required=True)
+    p.add_argument("--model", default="default")
+    p.add_argument("--device", default=None)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--num-starts", type=int, default=48,
+                   help="round starts per rollout (edr: drawn by occupancy)")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--eval-rollouts", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_train_finetune)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .drafters import METHODS
     from .drafters.docs import methods_text
@@ -513,6 +559,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_prefill(tsub)
     _add_train_dflash(tsub)
     _add_train_retrace(tsub)
+    _add_train_finetune(tsub)
     sub.add_parser("prepare", help="convert and cache the embedded model").set_defaults(
         func=cmd_prepare)
     return ap

@@ -126,3 +126,38 @@ def test_objective_registry_and_unknown_name():
         objective_loss("decay_ce", a)
     with pytest.raises(SettingsError):
         objective_loss("edr")
+
+
+# ---------------------------------------------------------------- fine-tuning a DFlash drafter
+def test_finetune_objectives_run_from_the_same_weights(tmp_path, tiny_target):
+    import copy
+
+    from specviz.bench import PromptItem
+    from specviz.drafters.dflash import load_dflash_checkpoint, new_dflash_for_target
+    from specviz.train.dflash_train import sequence_context
+    from specviz.train.edr_train import (EDRTrainConfig, edr_loss, finetune, state_acceptance)
+    from specviz.train.rollouts import RolloutSet, make_rollouts
+
+    items = [PromptItem(f"p{i}", "c", " ".join(f"t{(i * 3 + j % 5) % 60 + 2}" for j in range(6)),
+                        "x") for i in range(12)]
+    make_rollouts(tiny_target, items, tmp_path / "ro", max_new_tokens=20, layer_ids=[0, 1],
+                  holdout=0.25)
+    init = new_dflash_for_target(tiny_target, num_layers=1, block_size=5, seed=1,
+                                 target_layer_ids=[0, 1])
+    rs = RolloutSet(tmp_path / "ro", split="train")
+    t, h, p = rs.load(0)
+    loss, e = edr_loss(copy.deepcopy(init), tiny_target, t, h, p, 16, torch.Generator())
+    ctx = sequence_context(init, h, t.shape[0])
+    a = state_acceptance(init, tiny_target, t, ctx, p, torch.arange(t.shape[0] - p)).double().detach()
+    assert abs(e - float(edr_exact(a))) < 1e-6          # the logged value is the exact EDR
+    results = {}
+    for obj in ("edr", "decay_ce", "survival"):
+        cfg = EDRTrainConfig(objective=obj, steps=12, batch_size=3, num_starts=8, lr=3e-3,
+                             eval_every=6, eval_rollouts=4)
+        res = finetune(tiny_target, copy.deepcopy(init), tmp_path / "ro", tmp_path / "ro",
+                       tmp_path / obj, cfg)
+        assert [x["step"] for x in res["evals"]] == [0, 6, 12]
+        results[obj] = res
+        assert load_dflash_checkpoint(tmp_path / obj).block_size == 5
+    # same initial weights: the same step-0 evaluation for every objective
+    assert len({r["evals"][0]["expected_rounds"] for r in results.values()}) == 1

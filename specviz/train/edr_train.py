@@ -1,0 +1,208 @@
+"""Fine-tuning a DFlash drafter to minimise expected decoding rounds (METHODS §4, EDR), or with
+the block-local baselines, from the same initial weights for the same steps.
+
+Per rollout y (a stored greedy target rollout with its tapped features) and objective:
+
+* ``edr``: the acceptance matrix a[n, t] = q_n,t(y[n+t-1]) of EVERY state n (the drafter's
+  probability of the rollout token in slot t of the block drafted at state n -- a smooth
+  stand-in for greedy acceptance, whose gradient is zero almost everywhere) is computed once
+  without grad; occupancies d and values V follow exactly (:mod:`specviz.analysis.edr`).
+  ``num_starts`` round starts are drawn with probability d[n] / sum(d) and recomputed WITH
+  grad; the Horvitz-Thompson-weighted TD surrogate (:func:`specviz.train.objectives.round_terms`,
+  weight sum(d) / num_starts) has the exact EDR gradient in expectation.
+* ``decay_ce``: DFlash's slot-weighted CE (:func:`specviz.train.dflash_train.sequence_loss`)
+  at ``num_starts`` uniformly drawn states -- the block-local baseline.
+* ``survival``: 1 - mean prefix survival at ``num_starts`` uniformly drawn states.
+
+Greedy rollouts only: sampled acceptance min(1, q/p) needs the target's p(y) stored with
+sampled rollouts, which the rollouts format does not hold yet.
+Eval: exact offline expected rounds on held-out rollouts (:mod:`specviz.analysis.offline_eval`).
+"""
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..analysis.edr import evaluate, greedy_acceptance, occupancy, values
+from ..errors import SettingsError, SpecvizError
+from .dflash_train import (_lr_lambda, _save, block_embeddings, forward_blocks, sequence_context,
+                           sequence_loss, slot_weights)
+from .objectives import check_objective, round_terms, survival_surrogate
+from .rollouts import RolloutSet
+
+LOG_NAME = "train_log.jsonl"
+
+
+@dataclass
+class EDRTrainConfig:
+    objective: str = "edr"
+    steps: int = 200
+    batch_size: int = 4          # rollouts per step
+    num_starts: int = 48         # round starts per rollout (sampled)
+    lr: float = 1e-4
+    warmup: float = 0.05
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    gamma: float = 4.0           # decay_ce slot weights
+    grad_clip: float = 1.0
+    eval_every: int = 50
+    eval_rollouts: int = 32
+    seed: int = 0
+    save_dtype: str = "bfloat16"
+    block_size: int = 0          # for _save's record (0 = the drafter's)
+    num_layers: int = 0
+
+    def validate(self) -> "EDRTrainConfig":
+        check_objective(self.objective)
+        if self.steps < 1 or self.batch_size < 1 or self.num_starts < 1:
+            raise SettingsError("--steps, --batch-size and --num-starts must be at least 1")
+        if not self.lr > 0:
+            raise SettingsError("--lr must be > 0")
+        return self
+
+
+def state_acceptance(model, target, tokens: torch.Tensor, ctx_kv, prompt_len: int,
+                     states: torch.Tensor) -> torch.Tensor:
+    """a[s, t] = the drafter's probability of y[n_s + t - 1] in slot t of the block at state
+    n_s (budget-masked to 0 past the rollout's end); differentiable."""
+    T, P, B = int(tokens.shape[0]), int(prompt_len), model.block_size
+    anchors = P - 1 + states
+    h = forward_blocks(model, block_embeddings(model, target, tokens[anchors], B), anchors,
+                       ctx_kv)[:, 1:]
+    logits = model.slot_logits(h, target.model.get_output_embeddings()).float()
+    pos = anchors.view(-1, 1) + torch.arange(1, B).view(1, -1)
+    ok = pos < T
+    y = tokens[pos.clamp(max=T - 1)].to(logits.device)
+    lp = torch.log_softmax(logits, -1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
+    return torch.where(ok.to(lp.device) & torch.isfinite(lp), lp.exp(), torch.zeros_like(lp))
+
+
+def edr_loss(model, target, tokens, hidden, prompt_len: int, num_starts: int,
+             gen: torch.Generator) -> tuple[torch.Tensor, float]:
+    """(TD surrogate with the exact EDR gradient in expectation, EDR of a) for one rollout."""
+    T, P = int(tokens.shape[0]), int(prompt_len)
+    L = T - P
+    ctx_kv = sequence_context(model, hidden, T)
+    with torch.no_grad():
+        a0 = torch.cat([state_acceptance(model, target, tokens, ctx_kv, P, torch.arange(s, min(L, s + 128)))
+                        for s in range(0, L, 128)]).double()
+        V, d = values(a0), occupancy(a0)
+    idx = torch.multinomial(d.float(), num_starts, replacement=True, generator=gen)
+    uniq, inv = idx.unique(return_inverse=True)
+    rows = state_acceptance(model, target, tokens, ctx_kv, P, uniq).double()
+    a = a0.index_put((uniq,), rows)
+    g = round_terms(a, V)
+    w = float(d.sum()) / num_starts
+    return (w * g[uniq][inv]).sum(), float(V[0])
+
+
+def objective_loss_for(cfg: EDRTrainConfig, model, target, tokens, hidden, prompt_len: int,
+                       weights, rng: random.Random, gen: torch.Generator) -> torch.Tensor:
+    if cfg.objective == "edr":
+        return edr_loss(model, target, tokens, hidden, prompt_len, cfg.num_starts, gen)[0]
+    if cfg.objective == "decay_ce":
+        s, w = sequence_loss(model, target, tokens, hidden, prompt_len, cfg.num_starts,
+                             weights, rng)
+        return s / w.clamp_min(1e-9)
+    T, P = int(tokens.shape[0]), int(prompt_len)
+    states = torch.tensor(sorted(rng.sample(range(T - P), min(cfg.num_starts, T - P))))
+    a = state_acceptance(model, target, tokens, sequence_context(model, hidden, T), P, states)
+    return survival_surrogate(a)
+
+
+@torch.no_grad()
+def offline_edr(model, target, rollouts: RolloutSet, limit: int) -> dict:
+    """Exact expected rounds (greedy) of the drafter on held-out rollouts."""
+    from ..analysis.offline_eval import dflash_state_drafts
+
+    was = model.training
+    model.eval()
+    edr = toks = 0.0
+    per = []
+    for i in range(min(limit, len(rollouts))):
+        t, h, p = rollouts.load(i)
+        y = t[p:].tolist()
+        if not y:
+            continue
+        r = evaluate(greedy_acceptance(dflash_state_drafts(model, target, t, h, p), y))
+        edr, toks = edr + r.edr, toks + len(y)
+        per.append(r.edr)
+    model.train(was)
+    return {"expected_rounds": edr, "tokens": toks, "tau": toks / edr if edr else 0.0,
+            "per_rollout": per}
+
+
+def finetune(target, model, rollouts_dir, eval_dir, out, cfg: EDRTrainConfig,
+             show_bar: bool = False) -> dict:
+    """Fine-tune ``model`` (a DFlashDraftModel, modified in place) with ``cfg.objective``."""
+    cfg.validate()
+    train = RolloutSet(rollouts_dir, split="train")
+    if not len(train):
+        raise SpecvizError(f"{rollouts_dir} has no train rollouts")
+    ev = RolloutSet(eval_dir, split="eval") if eval_dir else None
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = model.float().train().requires_grad_(True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
+    rng, gen = random.Random(cfg.seed), torch.Generator().manual_seed(cfg.seed)
+    weights = slot_weights(model.block_size, cfg.gamma)
+    cfg.block_size, cfg.num_layers = int(model.block_size), len(model.layers)
+    bar = None
+    if show_bar:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.steps, desc=f"finetune ({cfg.objective})", unit="step")
+    order: list[int] = []
+    hist, evals, t0 = [], [], time.perf_counter()
+
+    def log(rec):
+        with open(out / LOG_NAME, "a") as fh:
+            fh.write(json.dumps(rec) + "\n")
+
+    if ev is not None and len(ev):
+        evals.append({"step": 0, **{k: v for k, v in offline_edr(model, target, ev,
+                                                                  cfg.eval_rollouts).items()
+                                    if k != "per_rollout"}})
+        log(evals[-1])
+    for step in range(cfg.steps):
+        opt.zero_grad(set_to_none=True)
+        tot = 0.0
+        for _ in range(cfg.batch_size):
+            if not order:
+                order = list(range(len(train)))
+                rng.shuffle(order)
+            t, h, p = train.load(order.pop())
+            if int(t.shape[0]) - p < 2:
+                continue
+            loss = objective_loss_for(cfg, model, target, t, h, p, weights, rng, gen) / cfg.batch_size
+            loss.backward()
+            tot += float(loss)
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        sched.step()
+        hist.append(tot)
+        if bar is not None:
+            bar.update(1)
+        if (step + 1) % 10 == 0:
+            log({"step": step + 1, "loss": round(tot, 5)})
+        if ev is not None and len(ev) and cfg.eval_every and \
+                ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
+            evals.append({"step": step + 1, **{k: v for k, v in offline_edr(
+                model, target, ev, cfg.eval_rollouts).items() if k != "per_rollout"}})
+            log(evals[-1])
+            if bar is not None:
+                bar.set_postfix_str(f"EDR {evals[-1]['expected_rounds']:.1f}")
+    if bar is not None:
+        bar.close()
+    _save(model, opt, sched, cfg.steps, cfg, out, rng, {"model": train.meta.get("model")})
+    (out / "finetune.json").write_text(json.dumps({"config": asdict(cfg), "evals": evals},
+                                                  indent=2) + "\n")
+    return {"out": str(out), "losses": hist, "evals": evals,
+            "seconds": time.perf_counter() - t0}
