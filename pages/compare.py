@@ -6,6 +6,7 @@ import streamlit as st
 
 from pages import ui
 from specviz import appstate, viz
+from specviz.analysis.metrics import METRIC_HELP
 from specviz.drafters import METHODS
 
 ss = st.session_state
@@ -14,7 +15,9 @@ cfg = ui.page_start(
     "Compare methods",
     "Every method runs to the end on the same prompt(s) with the sidebar's model and decoding "
     "settings. Plain autoregressive decoding (**AR**) always runs too, on the same prompts in "
-    "the same session, so the speedup is measured, not estimated.")
+    "the same session, so the speedup here is **measured**: AR's wall time ÷ the method's, "
+    "prefill and every round included. The Decode page's speedup is an **estimate** from one "
+    "run's round times and acceptance (AR not run), so the two can differ.")
 
 choices = [m for m in METHODS if m != "ar"]
 ss.setdefault("cmp_methods", [cfg.method] if cfg and cfg.method in choices else choices[:2])
@@ -83,7 +86,8 @@ if runs:
     st.dataframe(per, hide_index=True, width="stretch", column_config={
         "tau": st.column_config.NumberColumn("tau", format="%.2f"),
         "wall_s": st.column_config.NumberColumn("wall time (s)", format="%.2f"),
-        "speedup_vs_ar": st.column_config.NumberColumn("speedup vs AR", format="%.2f×"),
+        "speedup_vs_ar": st.column_config.NumberColumn(
+            "speedup vs AR", format="%.2f×", help=METRIC_HELP["speedup_vs_ar"]),
         "identical_to_ar": st.column_config.CheckboxColumn("same as AR"),
     })
     d = st.columns(2)

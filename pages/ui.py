@@ -152,12 +152,19 @@ def metrics_row(trace: Trace) -> None:
                      "generated token.")
     c[2].metric("Generated tokens", m["new_tokens"],
                 help=f"Drafted {m['drafted']} tokens, accepted {m['accepted']}.")
+    waited = (f" {m['wait_time']:.2f} s of it was waiting for another tab's turn on the "
+              "shared model." if m["wait_time"] >= viz.WAIT_SHOWN_S else "")
     c[3].metric("Tokens / s", f"{m['tokens_per_s']:.1f}" if m["rounds"] else "—",
                 help=f"Generated tokens ÷ decode time ({m['decode_time']:.2f} s; the "
-                     f"prefill took {m['prefill_time']:.2f} s and is not included).")
+                     f"prefill took {m['prefill_time']:.2f} s and is not included).{waited}")
     c[4].metric("Speedup (estimate)", _fmt(m["speedup_est"], ".2f") + ("×" if m["speedup_est"]
                                                                        else ""),
                 help=m["speedup_explain"])
+    if m["speedup_est"]:
+        st.caption("The speedup here is an **estimate** from this run's round times and "
+                   "acceptance; plain decoding was not run. The **Compare** page times plain "
+                   "decoding and the method in the same run: its **measured** speedup can "
+                   "differ.")
 
 
 def prompt_text(trace: Trace) -> str:
@@ -193,11 +200,17 @@ def _rounds_dataframe(table) -> None:
                      "t_forward_ms": st.column_config.NumberColumn(
                          "verify forward (ms)", format="%.1f",
                          help="The target's forward pass alone (compute)"),
+                     "t_wait_ms": st.column_config.NumberColumn(
+                         "waited for model (ms)", format="%.1f",
+                         help="Time the verify spent waiting for another tab's turn on the "
+                              "shared model: a queue, not compute"),
                      "t_verify_ms": st.column_config.NumberColumn(
                          "verify total (ms)", format="%.1f",
-                         help="Forward + verification + cache update, including any wait for "
-                              "another tab's turn on the shared model"),
+                         help="Wait + forward + verification + cache update"),
                  })
+    if (table["t_wait_ms"] >= viz.WAIT_SHOWN_S * 1000).any():
+        st.caption("Some rounds waited for another browser tab's turn on the shared model "
+                   "(**waited for model**): that time is a queue, not this method's compute.")
 
 
 def _scrub(trace: Trace, prefix: str) -> int:
@@ -226,8 +239,32 @@ def _tokens_section(trace: Trace, view: Trace, sel: int, prefix: str) -> None:
                             include_css=False))
     if sel:
         st.html(viz.round_summary_html(view, sel - 1))
-    with st.expander(f"Prompt ({len(trace.prompt_ids)} tokens)"):
-        st.text(prompt_text(trace))
+        _topk_section(view, sel - 1)
+    with st.expander(f"Prompt as the model saw it ({len(trace.prompt_ids)} tokens, chat "
+                     "template included)"):
+        if sel and viz.copied_from_prompt(view, sel - 1):
+            st.caption(f"Round {sel}'s draft was copied from the prompt: outlined below.")
+        st.html(viz.prompt_html(view, sel - 1 if sel else None))
+
+
+def _topk_section(view: Trace, i: int) -> None:
+    """Round ``i`` slot by slot: the drafter's and the target's top-k at each judged slot."""
+    with st.expander("Top-k at each judged slot of this round"):
+        st.caption(f"Round {i + 1}: each draft token the target judged, with what the drafter "
+                   "and the target "
+                   "would have picked there and how likely. Lookup drafters (PLD, AdaPLD) copy "
+                   "one token and have no top-k (—). Draft tokens after the first rejection "
+                   "were never judged and are left out.")
+        st.dataframe(viz.topk_table(view, i), hide_index=True, width="stretch",
+                     column_config={
+                         "slot": st.column_config.NumberColumn(
+                             "slot", help="Draft position (1 = first token after the prompt "
+                                          "so far)"),
+                         "drafted": "drafted token", "verdict": "verdict",
+                         "p_target": st.column_config.TextColumn(
+                             "target p(drafted)", help="The target's probability of the "
+                                                       "drafted token"),
+                         "drafter_topk": "drafter's top-k", "target_topk": "target's top-k"})
 
 
 def _chart(fig, key: str) -> None:

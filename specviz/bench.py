@@ -57,6 +57,25 @@ def _row_to_prompt(row: dict, i: int, source: str) -> PromptItem | None:
     return None
 
 
+def jsonl_rows(path: Path, text: str | None = None):
+    """(raw row, PromptItem) of every line of a prompts .jsonl file; a bad line raises a
+    SpecvizError naming the file and line."""
+    if text is None:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    for i, line in enumerate(text.splitlines()):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SpecvizError(f"{path}:{i + 1} is not valid JSON ({exc.msg})") from exc
+        item = _row_to_prompt(row, i, path.name) if isinstance(row, dict) else None
+        if item is None:
+            raise SpecvizError(f"{path}:{i + 1}: unrecognised prompt format "
+                               "(expected Spec-Bench, GSM8K, MBPP, Alpaca or {'prompt': ...})")
+        yield row, item
+
+
 def load_prompts(path: str | Path, limit: int | None = None,
                  categories: Iterable[str] | None = None) -> list[PromptItem]:
     """Load prompts from a .jsonl file (formats above) or a plain-text file (one prompt per
@@ -69,18 +88,7 @@ def load_prompts(path: str | Path, limit: int | None = None,
     items: list[PromptItem] = []
     text = path.read_text(encoding="utf-8", errors="replace")
     if path.suffix in (".jsonl", ".json"):
-        for i, line in enumerate(text.splitlines()):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise SpecvizError(f"{path}:{i + 1} is not valid JSON ({exc.msg})") from exc
-            item = _row_to_prompt(row, i, path.name) if isinstance(row, dict) else None
-            if item is None:
-                raise SpecvizError(f"{path}:{i + 1}: unrecognised prompt format "
-                                   "(expected Spec-Bench, GSM8K, MBPP, Alpaca or {'prompt': ...})")
-            items.append(item)
+        items = [item for _, item in jsonl_rows(path, text)]
     else:
         items = [PromptItem(f"{path.stem}-{i}", path.stem, line.strip(), path.name)
                  for i, line in enumerate(text.splitlines()) if line.strip()]

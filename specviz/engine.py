@@ -28,6 +28,7 @@ from .verify import Verdict, target_probs, verify
 
 MAX_PROMPT_CHARS = 200_000
 MAX_NEW_TOKENS_LIMIT = 8192
+TARGET_TOPK = 4  # the target's top-k ids / probs recorded per verify row (the top-k view)
 
 
 @dataclass
@@ -89,6 +90,7 @@ class Session:
         self.done = False
         self.stop_reason: str | None = None
         self.last_forward_s = 0.0
+        self.last_wait_s = 0.0
         self.generator = torch.Generator().manual_seed(int(self.settings.seed))
         self.eos = target.eos_token_ids
         self._want_hidden = drafter.hidden_state_layers is not None
@@ -117,7 +119,9 @@ class Session:
             kwargs["attention_mask"] = attention_mask.to(dev)
             kwargs["position_ids"] = position_ids.to(dev)
         kwargs[cache_kwarg(model)] = self.cache
+        t_ask = time.perf_counter()
         with self.target.lock, torch.inference_mode():
+            self.last_wait_s = time.perf_counter() - t_ask   # another tab's turn on the model
             t0 = time.perf_counter()   # compute only: waiting for another tab's turn excluded
             out = model(input_ids=inp, use_cache=True,
                         output_hidden_states=self._want_hidden, **kwargs)
@@ -213,6 +217,7 @@ class Session:
         """The round as a plain record (what every view reads)."""
         argmax = logits.argmax(-1)
         argmax_prob = probs.gather(-1, argmax.unsqueeze(-1)).squeeze(-1)
+        top_p, top_i = probs.topk(min(TARGET_TOPK, probs.shape[-1]), dim=-1)
         p_draft = [float(probs[TokenTree.row_of(par), t]) for par, t in zip(tree.parents,
                                                                          tree.tokens)]
         chain = tree.is_chain
@@ -221,11 +226,14 @@ class Session:
             drafter=self.drafter.name, draft=list(tree.tokens), accepted=n_acc,
             committed=committed, target_argmax=[int(x) for x in argmax.tolist()],
             target_argmax_prob=[round(float(x), 6) for x in argmax_prob.tolist()],
+            target_topk=top_i.tolist(),
+            target_topk_prob=[[round(float(x), 4) for x in row] for row in top_p.tolist()],
             p_draft=[round(x, 6) for x in p_draft],
             q_draft=list(draft.q_token) if draft.q_token is not None else [None] * len(tree),
             parents=None if chain else list(tree.parents),
             accepted_path=[] if chain else verdict.path[:n_acc],
             t_draft=t_draft, t_verify=t_verify, t_forward=self.last_forward_s,
+            t_wait=self.last_wait_s,
             extras=dict(draft.extras))
         self.rounds.append(rnd)
         return rnd
@@ -253,6 +261,8 @@ class Session:
         for r in self.rounds:
             ids.update(r.draft)
             ids.update(r.target_argmax)
+            for row in r.target_topk + _id_rows((r.extras or {}).get("topk")):
+                ids.update(row)
         token_texts = {i: tok.decode([i], skip_special_tokens=False) for i in sorted(ids)}
         meta = {
             "specviz_version": __version__,
@@ -274,6 +284,13 @@ class Session:
         }
         return Trace(meta=meta, prompt_ids=list(self.prompt_ids), rounds=list(self.rounds),
                      token_texts=token_texts)
+
+
+def _id_rows(rows) -> list[list[int]]:
+    """A drafter's per-slot top-k ids (extras ``topk``) as lists of ints; [] if absent."""
+    if not isinstance(rows, list):
+        return []
+    return [[int(x) for x in row] for row in rows if isinstance(row, list)]
 
 
 def generate(target: Target, method: str, prompt: str | list[int],

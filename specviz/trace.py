@@ -28,8 +28,10 @@ class Round:
     Chain drafts have ``parents=None``. Tree drafts give each node's parent index
     (-1 = the last committed token, i.e. the tree root) and ``accepted_path`` lists the node
     indices of the accepted path. Per-position lists are indexed like ``draft`` except
-    ``target_argmax`` / ``target_argmax_prob`` of a chain, which have one more entry: the
-    target's prediction after the last draft token (the bonus slot).
+    ``target_argmax`` / ``target_argmax_prob`` / ``target_topk`` / ``target_topk_prob`` of a
+    chain, which have one more entry: the target's prediction after the last draft token (the
+    bonus slot). ``target_topk`` holds the target's top-4 ids per verify row, best first (empty in
+    traces recorded before it existed).
     """
 
     index: int
@@ -40,6 +42,8 @@ class Round:
     committed: list[int]
     target_argmax: list[int] = field(default_factory=list)
     target_argmax_prob: list[float] = field(default_factory=list)
+    target_topk: list[list[int]] = field(default_factory=list)       # per verify row, best first
+    target_topk_prob: list[list[float]] = field(default_factory=list)
     p_draft: list[float] = field(default_factory=list)       # target prob of each draft token
     q_draft: list[float | None] = field(default_factory=list)  # drafter prob (None: point mass)
     parents: list[int] | None = None
@@ -47,6 +51,7 @@ class Round:
     t_draft: float = 0.0
     t_verify: float = 0.0
     t_forward: float = 0.0   # the verify forward's compute alone (inside t_verify; no queue wait)
+    t_wait: float = 0.0      # waiting for the shared model (another tab's turn; inside t_verify)
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -128,7 +133,7 @@ class Round:
 
 _INT_FIELDS = ("index", "start", "accepted")
 _ID_LISTS = ("draft", "committed", "target_argmax", "accepted_path")
-_NUM_FIELDS = ("t_draft", "t_verify", "t_forward")
+_NUM_FIELDS = ("t_draft", "t_verify", "t_forward", "t_wait")
 
 
 def _is_int(v) -> bool:
@@ -148,6 +153,11 @@ def _check_round_types(d: dict) -> None:
     par = d.get("parents")
     if par is not None and (not isinstance(par, list) or not all(_is_int(x) for x in par)):
         raise TraceError(f"{where}: 'parents' must be a list of node indices or null")
+    for k in ("target_topk", "target_topk_prob"):
+        v = d.get(k, [])
+        if not isinstance(v, list) or not all(isinstance(row, list) and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) for x in row) for row in v):
+            raise TraceError(f"{where}: '{k}' must be a list of lists of numbers")
     for k in _NUM_FIELDS:
         v = d.get(k, 0.0)
         if isinstance(v, bool) or not isinstance(v, (int, float)):

@@ -197,11 +197,26 @@ def test_next_round_three_times(decoded_app):
     assert metrics["Target forward passes"] == "3"
     assert metrics["tau (tokens / round)"] == f"{trace.tau:.2f}"
     # the per-round table
-    df = at.dataframe[0].value
+    df = next(d.value for d in at.dataframe if "t_verify_ms" in d.value.columns)
     assert list(df["round"]) == [1, 2, 3] and int(df["accepted"].sum()) == sum(
         r.accepted for r in trace.rounds)
     # latencies of the three clicks were recorded
     assert len(at.session_state["dec_latency"]) == 3
+
+
+@pytest.mark.integration
+def test_prompt_as_seen_topk_and_estimate_are_shown(decoded_app):
+    """Issue 13: the prompt with its chat template marked, the top-k of the selected round one
+    click away, and the speedup labelled as an estimate."""
+    at = decoded_app
+    trace = at.session_state["dec_trace"]
+    prompt = "".join(h.value for h in at.html if 'class="specviz-prompt"' in h.value)
+    assert 'class="ptok template' in prompt and 'class="ptok user' in prompt
+    assert "added by the chat template" in prompt
+    topk = next(d.value for d in at.dataframe if "target_topk" in d.value.columns)
+    assert topk.equals(viz.topk_table(trace, trace.num_rounds - 1))
+    assert all(r.target_topk for r in trace.rounds)
+    assert any("**estimate**" in c.value and "**measured**" in c.value for c in at.caption)
 
 
 @pytest.mark.integration

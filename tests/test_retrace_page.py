@@ -10,6 +10,8 @@ import pytest
 from specviz.trace import Round, Trace
 from specviz.viz import retrace as vr
 
+from test_adapld_page import assert_clean, new_app
+
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
 
@@ -62,20 +64,6 @@ def test_tables_and_figures():
                             committed=[22, 23])
     assert vr.first_divergence(tr, other) == 1 and vr.first_divergence(tr, tr) is None
     assert len(vr.side_by_side(tr, other)) == 3 and len(vr.fig_progress(tr, other).data) == 2
-
-
-def new_app():
-    from streamlit.testing.v1 import AppTest
-
-    at = AppTest.from_file(APP, default_timeout=240)
-    at.run()
-    assert not at.exception, at.exception
-    return at
-
-
-def assert_clean(at):
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
 
 
 @pytest.mark.parametrize("extras", [True, False])

@@ -29,8 +29,8 @@ from typing import Callable
 import torch
 
 from ..errors import SettingsError, SpecvizError
-from .rollouts import (MANIFEST_NAME, META_NAME, STORE_DTYPES, parse_layers, prompt_key,
-                       read_manifest, read_meta)
+from .rollouts import (MANIFEST_NAME, STORE_DTYPES, parse_layers, prompt_key, read_manifest,
+                       write_or_check_meta)
 
 _CALC = re.compile(r"<<[^<>]*>>")
 
@@ -64,7 +64,7 @@ def reference_reply(row: dict) -> str | None:
 def load_pairs(spec: str, limit: int | None = None) -> list[TextPair]:
     """``FILE[:N]`` -> (prompt, reference reply) pairs of the rows that have a reference; the
     first N prompts of each category (as ``bench.load_prompts`` counts them)."""
-    from ..bench import _row_to_prompt
+    from ..bench import jsonl_rows
 
     head, _, tail = str(spec).rpartition(":")
     path, lim = (head, int(tail)) if head and tail.isdigit() else (spec, limit)
@@ -72,16 +72,7 @@ def load_pairs(spec: str, limit: int | None = None) -> list[TextPair]:
     if not p.is_file():
         raise SpecvizError(f"data file {p} does not exist")
     pairs, counts = [], {}
-    for i, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines()):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SpecvizError(f"{p}:{i + 1} is not valid JSON ({exc.msg})") from exc
-        item = _row_to_prompt(row, i, p.name) if isinstance(row, dict) else None
-        if item is None:
-            raise SpecvizError(f"{p}:{i + 1}: unrecognised format")
+    for row, item in jsonl_rows(p):
         if lim is not None and counts.get(item.category, 0) >= lim:
             continue
         counts[item.category] = counts.get(item.category, 0) + 1
@@ -150,18 +141,6 @@ def encode_pair(target, pair: TextPair) -> tuple[list[int], int]:
     return p + [int(x) for x in r] + eos, len(p)
 
 
-def _check_meta(out: Path, meta: dict) -> None:
-    mp = out / META_NAME
-    if mp.is_file():
-        old = read_meta(out)
-        for k in ("target_layer_ids", "hidden_size", "num_target_layers", "dtype"):
-            if old.get(k) != meta[k]:
-                raise SpecvizError(f"{out} holds data with {k}={old.get(k)}, not {meta[k]}: "
-                                   "use another --out folder")
-    else:
-        mp.write_text(json.dumps(meta, indent=2) + "\n")
-
-
 def make_prefill_set(target, pairs: list[TextPair], out: str | Path, layer_ids=None,
                      batch_tokens: int = 4096, max_tokens: int = 768,
                      store_dtype: str = "float16", model_name: str | None = None,
@@ -181,7 +160,7 @@ def make_prefill_set(target, pairs: list[TextPair], out: str | Path, layer_ids=N
     layer_ids = list(layer_ids) if layer_ids is not None else parse_layers(None, L)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    _check_meta(out, {"model": model_name or target.name, "target_layer_ids": layer_ids,
+    write_or_check_meta(out, {"model": model_name or target.name, "target_layer_ids": layer_ids,
                       "num_target_layers": L, "hidden_size": H, "dtype": store_dtype,
                       "vocab_size": int(target.model.get_input_embeddings().num_embeddings),
                       "holdout": 0.0})

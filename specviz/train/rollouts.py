@@ -185,6 +185,20 @@ def read_meta(folder: str | Path) -> dict:
         raise SpecvizError(f"{mp} is not valid JSON ({exc.msg})") from exc
 
 
+def write_or_check_meta(out: Path, meta: dict) -> None:
+    """Write ``meta.json`` of a new folder; for an existing one, refuse to mix data made with
+    other tapped layers / target / storage dtype."""
+    mp = out / META_NAME
+    if mp.is_file():
+        old = read_meta(out)
+        for k in ("target_layer_ids", "hidden_size", "num_target_layers", "dtype"):
+            if old.get(k) != meta[k]:
+                raise SpecvizError(f"{out} holds data with {k}={old.get(k)}, not {meta[k]}: "
+                                   "use another --out folder")
+    else:
+        mp.write_text(json.dumps(meta, indent=2) + "\n")
+
+
 def read_manifest(folder: str | Path) -> list[dict]:
     mp = Path(folder) / MANIFEST_NAME
     if not mp.is_file():
@@ -289,15 +303,7 @@ def make_rollouts(target, items: list, out: str | Path, max_new_tokens: int = 25
             "max_new_tokens": max_new_tokens, "temperature": float(temperature),
             "chat_template": chat_template, "holdout": holdout,
             "vocab_size": int(target.model.get_input_embeddings().num_embeddings)}
-    mp = out / META_NAME
-    if mp.is_file():
-        old = read_meta(out)
-        for k in ("target_layer_ids", "hidden_size", "num_target_layers", "dtype"):
-            if old.get(k) != meta[k]:
-                raise SpecvizError(f"{out} holds rollouts with {k}={old.get(k)}, not {meta[k]}: "
-                                   "use another --out folder")
-    else:
-        mp.write_text(json.dumps(meta, indent=2) + "\n")
+    write_or_check_meta(out, meta)
     done_keys = {r["key"] for r in read_manifest(out)}
     todo, seen = [], set()
     for it in items:

@@ -10,9 +10,11 @@ from .charts import (block_confidences, confidence_calibration, fig_accepted_his
 from .stats import (PositionStat, SpeedupEstimate, accepted_lengths, live_metrics,
                     position_acceptance, speedup_estimate, trace_prefix)
 from .glossary import GLOSSARY, glossary_html
-from .rounds import RoundNotes, round_summary_html
+from .prompt import PromptToken, copied_from_prompt, copy_sources, prompt_html, prompt_tokens
+from .rounds import WAIT_SHOWN_S, RoundNotes, round_summary_html, round_time_text
 from .tables import (CompareRun, compare_runs_table, compare_summary_table, compare_verdict,
-                     describe_extras, join_tokens, position_table, rounds_table, to_csv_bytes)
+                     describe_extras, join_tokens, position_table, rounds_table, to_csv_bytes,
+                     topk_table, topk_text)
 from .tokens import (KIND_LABELS, TOKEN_CSS, TokenView, legend_html, round_views, token_views,
                      tokens_html, visible_text)
 
@@ -25,9 +27,11 @@ __all__ = [
     "slot_confidences",
     "PositionStat", "SpeedupEstimate", "accepted_lengths", "live_metrics",
     "position_acceptance", "speedup_estimate", "trace_prefix",
-    "RoundNotes", "round_summary_html",
+    "PromptToken", "copied_from_prompt", "copy_sources", "prompt_html", "prompt_tokens",
+    "WAIT_SHOWN_S", "RoundNotes", "round_summary_html", "round_time_text",
     "CompareRun", "compare_runs_table", "compare_summary_table", "compare_verdict",
     "describe_extras", "join_tokens", "position_table", "rounds_table", "to_csv_bytes",
+    "topk_table", "topk_text",
     "KIND_LABELS", "TOKEN_CSS", "TokenView", "legend_html", "round_views", "token_views",
     "tokens_html", "visible_text",
 ]

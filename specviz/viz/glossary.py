@@ -24,8 +24,9 @@ GLOSSARY = {
            "higher means fewer target passes.",
     "acceptance rate": "Of the rounds that reached a draft position, the share whose token there "
                        "was accepted.",
-    "speedup": "Plain decoding's wall time ÷ this method's wall time, measured in the same run "
-               "(Compare page) or estimated from this run's round times (Decode page).",
+    "speedup": "Plain decoding's time ÷ this method's time. Measured on the Compare page (both "
+               "timed in the same run); only estimated on the Decode page (from this run's "
+               "round times and acceptance, plain decoding not run), so the two can differ.",
     "verify cost": "What a target forward over k tokens costs relative to one token. On a CPU "
                    "two tokens already cost much more than one; on a GPU k tokens cost about "
                    "the same as one.",

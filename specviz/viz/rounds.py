@@ -41,6 +41,20 @@ def _verdict_parts(r: Round, esc) -> list[str]:
     return parts
 
 
+WAIT_SHOWN_S = 0.005  # a queue wait shorter than this is noise, not worth a word
+
+
+def round_time_text(r: Round) -> str:
+    """How long the round took; a wait for the shared model (another tab's turn) is named apart
+    from the round's own compute, so a slow round is not mistaken for a slow method."""
+    total = (r.t_draft + r.t_verify) * 1000
+    wait = max(0.0, float(r.t_wait)) * 1000
+    if wait < WAIT_SHOWN_S * 1000:
+        return f"{total:.0f} ms"
+    return (f"{total - wait:,.0f} ms compute + {wait:,.0f} ms waiting for another tab's turn "
+            "on the shared model")
+
+
 def round_summary_html(trace: Trace, i: int, notes: RoundNotes | None = None) -> str:
     """One sentence about round ``i`` of ``trace`` in a box; "" when there is no such round."""
     if not 0 <= i < len(trace.rounds):
@@ -61,9 +75,10 @@ def round_summary_html(trace: Trace, i: int, notes: RoundNotes | None = None) ->
                                  + (f" ({html.escape(info)})" if info else "")]
         parts += _verdict_parts(r, esc)
     parts += notes.tail
-    parts.append(f"{(r.t_draft + r.t_verify) * 1000:.0f} ms")
+    parts.append(html.escape(round_time_text(r)))
     cls = " ".join(c for c in ("round-summary", notes.css_class) if c)
     return f'<div class="{cls}" style="{BOX_STYLE}">' + " · ".join(parts) + "</div>"
 
 
-__all__ = ["BOX_STYLE", "RoundNotes", "round_summary_html"]
+__all__ = ["BOX_STYLE", "RoundNotes", "WAIT_SHOWN_S", "round_summary_html",
+           "round_time_text"]

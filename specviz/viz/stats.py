@@ -63,10 +63,13 @@ class SpeedupEstimate:
     def explain(self) -> str:
         if self.value is None:
             return "No rounds yet."
-        return ("Estimated from this run alone as (new tokens per round) × (time of one plain "
-                f"decoding step, {self.step_time * 1000:.0f} ms) ÷ (median round time, "
-                f"{self.round_time * 1000:.0f} ms). The step time is {self.basis}. "
-                "The Compare page measures the real speedup against plain decoding.")
+        return ("An estimate, not a measurement: plain decoding (AR) was not run. Computed from "
+                "this run alone as (new tokens per round) × (time of one plain decoding step, "
+                f"{self.step_time * 1000:.0f} ms) ÷ (median round time, "
+                f"{self.round_time * 1000:.0f} ms; waits for another tab's turn excluded). "
+                f"The step time is {self.basis}. The Compare page runs AR and the method one "
+                "after the other and times both (prefill and every round included): that "
+                "measured speedup usually differs from this estimate.")
 
 
 def speedup_estimate(trace: Trace) -> SpeedupEstimate:
@@ -81,7 +84,7 @@ def speedup_estimate(trace: Trace) -> SpeedupEstimate:
     rounds = trace.rounds
     if not rounds:
         return SpeedupEstimate(None, None, None, "")
-    times = [r.t_draft + r.t_verify for r in rounds]
+    times = [r.t_draft + r.t_verify - r.t_wait for r in rounds]  # compute, no queue wait
     round_time = statistics.median(times)
     if round_time <= 0:
         return SpeedupEstimate(None, None, None, "")
@@ -95,7 +98,7 @@ def speedup_estimate(trace: Trace) -> SpeedupEstimate:
         basis = ("the one-token forward time of the verify-cost model measured on this machine "
                  "(calibrated at start, refined by every round)")
     else:
-        step = statistics.median(r.t_verify for r in rounds)
+        step = statistics.median(r.t_verify - r.t_wait for r in rounds)
         basis = ("the median verify time of this run's rounds (no round without a draft yet, "
                  "so this assumes verifying a draft costs about one plain step)")
     per_round = trace.new_tokens / len(rounds)
@@ -114,6 +117,7 @@ def live_metrics(trace: Trace) -> dict:
         "tau": trace.tau,
         "tokens_per_s": trace.tokens_per_s,
         "decode_time": trace.decode_time,
+        "wait_time": sum(r.t_wait for r in trace.rounds),
         "prefill_time": float(trace.meta.get("prefill_time") or 0.0),
         "speedup_est": est.value,
         "speedup_explain": est.explain(),

@@ -42,11 +42,83 @@ def rounds_table(trace: Trace) -> pd.DataFrame:
             "drafter_info": describe_extras(r),
             "t_draft_ms": round(r.t_draft * 1000, 1),
             "t_forward_ms": round(r.t_forward * 1000, 1),
+            "t_wait_ms": round(r.t_wait * 1000, 1),
             "t_verify_ms": round(r.t_verify * 1000, 1),
         })
     cols = ["round", "output_pos", "drafted", "accepted", "committed", "target_token_kind",
             "accepted_text", "target_token", "rejected_text", "p_first_rejected", "drafter_info",
-            "t_draft_ms", "t_forward_ms", "t_verify_ms"]
+            "t_draft_ms", "t_forward_ms", "t_wait_ms", "t_verify_ms"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _pct(p: float) -> str:
+    p = float(p)
+    return "<1%" if 0 < p < 0.005 else f"{p:.0%}"
+
+
+def topk_text(ids, probs, texts: dict[int, str]) -> str:
+    """Top-k tokens and their probabilities in one cell (“ the” 52% · “ a” 21%); — if none."""
+    try:
+        pairs = [(int(t), float(p)) for t, p in zip(ids or [], probs or [])]
+    except (TypeError, ValueError):
+        return "—"
+    if not pairs:
+        return "—"
+    return " · ".join(f"“{join_tokens([t], texts)}” {_pct(p)}" for t, p in pairs)
+
+
+def _row(lst, i):
+    return lst[i] if isinstance(lst, list) and 0 <= i < len(lst) else None
+
+
+def _target_topk(r: Round, row: int) -> tuple[list, list]:
+    """The target's top-k at verify row ``row``; traces recorded before the top-k was kept give
+    the target's top-1 (its argmax)."""
+    ids, probs = _row(r.target_topk, row), _row(r.target_topk_prob, row)
+    if ids:
+        return ids, probs or []
+    top, p = _row(r.target_argmax, row), _row(r.target_argmax_prob, row)
+    return ([top], [p]) if top is not None and p is not None else ([], [])
+
+
+TOPK_VERDICTS = {
+    "accepted": "accepted",
+    "first_rejected": "rejected: the target disagreed",
+    "rejected": "rejected (another branch was accepted)",
+    "bonus": "bonus: the target's own token",
+    "nodraft": "no draft: the target's own token",
+}
+
+
+def topk_table(trace: Trace, i: int) -> pd.DataFrame:
+    """Round ``i`` slot by slot: every draft token the target judged (on a correct prefix) with
+    the drafter's top-k there (DFlash records it; — for lookup drafts, which copy one token)
+    and the target's top-k with probabilities; then the slot of the target's bonus token (or
+    its one token in a round without a draft)."""
+    cols = ["slot", "drafted", "verdict", "p_target", "drafter_topk", "target_topk"]
+    if not 0 <= i < len(trace.rounds):
+        return pd.DataFrame(columns=cols)
+    r, texts = trace.rounds[i], trace.token_texts
+    sampling = not _greedy(trace)
+    ex = r.extras or {}
+    q_ids, q_p = ex.get("topk"), ex.get("topk_p")
+    depths = r.tree.depths
+    rows = []
+    for node, status in enumerate(r.node_status(sampling=sampling)):
+        if status == "not_reached":
+            continue
+        p = _row(r.p_draft, node)
+        chain_slot = node if not r.is_tree else -1
+        rows.append({
+            "slot": depths[node], "drafted": join_tokens([r.draft[node]], texts),
+            "verdict": TOPK_VERDICTS[status], "p_target": "—" if p is None else _pct(p),
+            "drafter_topk": topk_text(_row(q_ids, chain_slot), _row(q_p, chain_slot), texts),
+            "target_topk": topk_text(*_target_topk(r, r.node_row(node)), texts),
+        })
+    if r.kind in ("bonus", "nodraft") and r.target_token >= 0:
+        rows.append({"slot": r.accepted + 1, "drafted": "—", "verdict": TOPK_VERDICTS[r.kind],
+                     "p_target": "—", "drafter_topk": "—",
+                     "target_topk": topk_text(*_target_topk(r, r.target_row), texts)})
     return pd.DataFrame(rows, columns=cols)
 
 
