@@ -471,8 +471,9 @@ def _add_train_dflash(tsub) -> None:
     p.add_argument("--eval-rollouts", type=int, default=32)
     p.add_argument("--save-every", type=int, default=None)
     p.add_argument("--save-dtype", default="float32")
-    p.add_argument("--init", default="random", choices=["random", "target"],
-                   help="start from random weights or from the target's top layers")
+    p.add_argument("--init", default="random",
+                   help="random, target (the target's top layers) or a DFlash checkpoint folder "
+                        "to continue training (same block size and layers)")
     p.add_argument("--negatives", type=int, default=4096,
                    help="sampled softmax: every reply token + N random other words per step "
                         "(-1 = full vocabulary, slower)")

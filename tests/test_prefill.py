@@ -134,3 +134,33 @@ def test_exact_prefix_labels_match_greedy_embedded(embedded_target):
     pr = TextPair("x:0", "gsm8k", row["question"], reference_reply(row))
     ids, plen = encode_pair(embedded_target, pr)
     assert check_labels_against_generate(embedded_target, ids, plen - 1, 6) >= len(ids) - plen
+
+
+def test_training_continues_from_a_checkpoint(tmp_path):
+    from specviz.drafters.dflash import (load_dflash_checkpoint, new_dflash_for_target,
+                                         save_dflash_checkpoint)
+    from specviz.errors import SpecvizError
+    from specviz.train.dflash_train import TrainConfig, train_dflash
+
+    target = make_tiny_target(seed=1)
+    pairs = [TextPair(f"f:{i}", "c", f"t{i} t{i + 3}", " ".join(f"t{(i * 7 + j) % 60 + 2}"
+                                                              for j in range(12)))
+             for i in range(4)]
+    make_prefill_set(target, pairs, tmp_path / "pf", layer_ids=[0, 1])
+    from specviz.bench import PromptItem
+    from specviz.train.rollouts import make_rollouts
+
+    make_rollouts(target, [PromptItem("e", "c", "t1 t2", "e")], tmp_path / "ro",
+                  max_new_tokens=8, layer_ids=[0, 1], holdout=0.9999)
+    init = new_dflash_for_target(target, num_layers=1, block_size=4, seed=9,
+                                 target_layer_ids=[0, 1])
+    save_dflash_checkpoint(init, tmp_path / "init")
+    cfg = TrainConfig(block_size=4, num_layers=1, steps=1, batch_size=1, anchors_per_seq=2,
+                      eval_every=0, lr=1e-9, init=str(tmp_path / "init"))
+    train_dflash(target, tmp_path / "ro", tmp_path / "d", cfg, prefill=[tmp_path / "pf"])
+    got = load_dflash_checkpoint(tmp_path / "d")
+    assert torch.allclose(got.fc.weight, init.fc.weight, atol=1e-6)
+    cfg2 = TrainConfig(block_size=6, num_layers=1, steps=1, batch_size=1, eval_every=0,
+                       init=str(tmp_path / "init"))
+    with pytest.raises(SpecvizError, match="block size 4"):
+        train_dflash(target, tmp_path / "ro", tmp_path / "d2", cfg2, prefill=[tmp_path / "pf"])

@@ -65,7 +65,8 @@ class TrainConfig:
     seed: int = 0
     intermediate_size: int | None = None
     save_dtype: str = "float32"
-    init: str = "random"           # "random" | "target" (copy the target's top layers)
+    init: str = "random"           # "random" | "target" (copy the target's top layers) | a
+    #                                DFlash checkpoint folder to continue from (same shape)
     negatives: int = 4096          # sampled-softmax negatives per step; -1 = full vocabulary
 
     def validate(self) -> "TrainConfig":
@@ -77,8 +78,9 @@ class TrainConfig:
             raise SettingsError("--steps, --batch-size and --anchors-per-seq must be at least 1")
         if not self.lr > 0 or not 0 <= self.warmup < 1 or not self.gamma > 0:
             raise SettingsError("--lr and --gamma must be > 0 and --warmup in [0, 1)")
-        if self.init not in ("random", "target"):
-            raise SettingsError("--init must be 'random' or 'target'")
+        if self.init not in ("random", "target") and not Path(self.init).is_dir():
+            raise SettingsError("--init must be 'random', 'target' or a DFlash checkpoint folder "
+                                f"(no folder {self.init})")
         if self.save_dtype not in ("float32", "bfloat16", "float16"):
             raise SettingsError("--save-dtype must be float32, bfloat16 or float16")
         return self
@@ -329,6 +331,19 @@ def _save(model, opt, sched, step: int, cfg: TrainConfig, out: Path, rng: random
     tmp.replace(out / STATE_NAME)
 
 
+def _continue_from(folder: str, fresh: DFlashDraftModel) -> DFlashDraftModel:
+    """The weights of the checkpoint in ``folder`` (strict), which must have the run's shape."""
+    from ..drafters.dflash import load_dflash_checkpoint
+
+    old = load_dflash_checkpoint(folder)
+    if (old.block_size, len(old.layers), old.target_layer_ids) != \
+            (fresh.block_size, len(fresh.layers), fresh.target_layer_ids):
+        raise SpecvizError(f"--init {folder} has block size {old.block_size}, {len(old.layers)} "
+                           f"layers, target layers {old.target_layer_ids}; this run wants "
+                           f"{fresh.block_size}, {len(fresh.layers)}, {fresh.target_layer_ids}")
+    return old
+
+
 def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainConfig,
                  resume: bool = False, show_bar: bool = False,
                  log: Callable[[dict], None] | None = None, prefill: list | tuple = ()) -> dict:
@@ -370,6 +385,8 @@ def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainCo
             from ..drafters.dflash import init_from_target
 
             init_from_target(model, target)
+        elif cfg.init != "random":
+            model = _continue_from(cfg.init, model)
     model = model.to(device=target.device, dtype=torch.float32).train().requires_grad_(True)
     head = target.model.get_output_embeddings()
     if head.weight.dtype != torch.float32 and str(target.device) == "cpu":
