@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -266,8 +267,10 @@ def iter_side_by_side(target, methods: list[str], prompts: list[PromptItem], set
 def run_bench(target, methods: list[str], prompts: list[PromptItem], settings,
               method_params: dict[str, dict] | None = None,
               progress: Callable[[int, int, str], None] | None = None,
-              check_near_ties: bool = True) -> BenchResult:
-    """Run AR plus every method on every prompt (interleaved), returning per-prompt rows."""
+              check_near_ties: bool = True, traces_dir: str | Path | None = None) -> BenchResult:
+    """Run AR plus every method on every prompt (interleaved), returning per-prompt rows;
+    ``traces_dir``: also save every run's trace as ``{method}/{category}/{prompt id}.json``
+    (for the alignment analysis and the app's trace pages)."""
     from .analysis.lossless import compare_outputs
 
     order = ["ar"] + [m for m in dict.fromkeys(m.strip().lower() for m in methods) if m and m != "ar"]
@@ -286,6 +289,10 @@ def run_bench(target, methods: list[str], prompts: list[PromptItem], settings,
             if check_near_ties and not row.identical_to_ar:
                 row.near_tie = compare_outputs(target, sess.prompt_ids, ar_ids, out_ids).near_tie
         result.rows.append(row)
+        if traces_dir is not None:
+            folder = Path(traces_dir) / m / (item.category or "prompts")
+            folder.mkdir(parents=True, exist_ok=True)
+            sess.trace().save(folder / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', str(item.id))}.json")
         if progress:
             progress(len(result.rows), total, f"{m} on {item.id}")
     return result

@@ -139,7 +139,8 @@ def cmd_bench(args) -> int:
         bar.set_postfix_str(what)
         bar.refresh()
 
-    result = run_bench(target, methods, prompts, settings, method_params=params, progress=progress)
+    result = run_bench(target, methods, prompts, settings, method_params=params, progress=progress,
+                       traces_dir=Path(args.out) / "traces" if args.save_traces else None)
     bar.close()
     paths = result.save(args.out)
     print(format_table(result.table()))
@@ -348,6 +349,36 @@ def cmd_train_finetune(args) -> int:
     return 0
 
 
+def cmd_align(args) -> int:
+    import csv
+
+    from .analysis.alignment import table_rows
+    from .trace import Trace
+
+    root = Path(args.traces)
+    if not root.is_dir():
+        raise SpecvizError(f"{root} is not a folder of traces (bench --save-traces writes one)")
+    traces: dict = {}
+    for f in sorted(root.glob("*/*/*.json")):
+        method, cat = f.parent.parent.name, f.parent.name
+        traces.setdefault(method, {}).setdefault(cat, []).append(Trace.load(f))
+    if not traces:
+        raise SpecvizError(f"no traces under {root}/METHOD/CATEGORY/*.json")
+    rows = table_rows(traces)
+    fmt = lambda x: "—" if x is None else f"{x:.1%}"  # noqa: E731
+    print(f"{'method':<10}{'slot':<22}{'rejected':>9}{'exact':>8}{'best off':>9}{'top-k':>8}"
+          f"{'partner':>9}")
+    for r in rows:
+        print(f"{r['method']:<10}{str(r['slot']):<22}{r['rejected']:>9}{fmt(r['exact']):>8}"
+              f"{fmt(r['best_offset']):>9}{fmt(r['topk']):>8}{fmt(r['partner']):>9}")
+    if args.out:
+        with open(args.out, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    return 0
+
+
 def _common(p) -> None:
     p.add_argument("--model", default="default",
                    help="'default' (embedded SmolLM2-135M-Instruct), a HF id or a local folder")
@@ -399,6 +430,8 @@ def _add_show_and_bench(sub, methods: str, epilog: str) -> None:
     p.add_argument("--params", default=None,
                    help="JSON: per-method settings, e.g. '{\"pld\": {\"num_output_tokens\": 5}}'")
     p.add_argument("--out", default="bench-out")
+    p.add_argument("--save-traces", action="store_true",
+                   help="also save every run's trace under OUT/traces/METHOD/CATEGORY/")
     p.set_defaults(func=cmd_bench)
 
 
@@ -543,6 +576,13 @@ def _add_train_finetune(tsub) -> None:
     p.set_defaults(func=cmd_train_finetune)
 
 
+def _add_align(sub) -> None:
+    p = sub.add_parser("align", help="rejected-suffix alignment table of saved bench traces")
+    p.add_argument("traces", help="a folder METHOD/CATEGORY/*.json (bench --save-traces)")
+    p.add_argument("--out", default=None, help="also write the table as CSV here")
+    p.set_defaults(func=cmd_align)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .drafters import METHODS
     from .drafters.docs import methods_text
@@ -554,6 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub, methods, epilog)
     _add_show_and_bench(sub, methods, epilog)
     _add_eval(sub)
+    _add_align(sub)
     tsub = sub.add_parser("train", help="make rollouts / train a drafter (METHODS §1)"
                           ).add_subparsers(dest="train_cmd", required=True)
     _add_train_rollouts(tsub)

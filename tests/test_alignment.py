@@ -44,3 +44,24 @@ def test_summaries_by_slot_and_category():
     cats = by_category({"code": [make_trace()], "empty": []})
     assert cats["all"].rejected == 3 and cats["empty"].rejected == 0
     assert cats["empty"].exact is None
+
+
+def test_alignment_table_and_align_cli(tmp_path, capsys):
+    from specviz.analysis.alignment import table_rows
+    from specviz.cli import main
+
+    from test_retrace_page import make_retrace_trace
+
+    tr = make_retrace_trace()
+    rows = table_rows({"dflash": {"qa": [tr]}})
+    by = {r["slot"]: r for r in rows}
+    assert by[1]["exact"] == 0.0 and by[2]["exact"] == 1.0 and by["all"]["rejected"] == 5
+    assert by["all (qa)"]["rejected"] == 5
+    folder = tmp_path / "traces" / "dflash" / "qa"
+    folder.mkdir(parents=True)
+    tr.save(folder / "p1.json")
+    assert main(["align", str(tmp_path / "traces"), "--out", str(tmp_path / "a.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "dflash" in out and "all (qa)" in out
+    assert (tmp_path / "a.csv").read_text().startswith("method,slot,rejected")
+    assert main(["align", str(tmp_path / "nope")]) == 2

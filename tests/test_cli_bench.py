@@ -114,7 +114,15 @@ def test_bench_runner_on_tiny_model(tiny_target, tmp_path):
     prompts = [PromptItem(f"p{i}", "rep" if i % 2 else "rand",
                           " ".join(f"t{x}" for x in ([5, 6, 7, 8] * 4 if i % 2 else [3 + i, 9, 40])))
                for i in range(4)]
-    res = run_bench(tiny_target, ["pld"], prompts, DecodeSettings(max_new_tokens=16))
+    res = run_bench(tiny_target, ["pld"], prompts, DecodeSettings(max_new_tokens=16),
+                    traces_dir=tmp_path / "traces")
+    from specviz.trace import Trace
+
+    saved = sorted((tmp_path / "traces").glob("*/*/*.json"))
+    assert len(saved) == 8                      # 2 methods x 4 prompts
+    tr = Trace.load(tmp_path / "traces" / "pld" / "rep" / "p1.json")
+    assert tr.new_tokens == next(r.new_tokens for r in res.rows
+                                 if r.method == "pld" and r.prompt_id == "p1")
     table = res.table()
     by = {(r["method"], r["category"]): r for r in table}
     assert set(by) == {(m, c) for m in ("ar", "pld") for c in ("rep", "rand", "all")}

@@ -125,3 +125,22 @@ def by_category(traces: dict[str, list[Trace]]) -> dict[str, AlignmentSummary]:
         out[cat] = summarize(toks)
     out["all"] = summarize(every)
     return out
+
+
+def table_rows(traces: dict[str, dict[str, list[Trace]]]) -> list[dict]:
+    """Rows of the alignment table: per method (``{method: {category: [traces]}}``), per slot
+    of the rejected suffix and for all slots: rejected tokens, exact / best-offset / top-k match
+    rates, and how often the next round drafted a token at that position."""
+    rows = []
+    for method, cats in traces.items():
+        toks = [t for trs in cats.values() for tr in trs for t in rejected_tokens(tr)]
+        groups = list(by_slot(toks).items()) + [("all", summarize(toks))]
+        for slot, s in groups:
+            rows.append({"method": method, "slot": slot, "rejected": s.rejected, "exact": s.exact,
+                         "best_offset": s.best_offset, "topk": s.topk, "partner": s.partner})
+        for cat, trs in cats.items():
+            s = summarize(t for tr in trs for t in rejected_tokens(tr))
+            rows.append({"method": method, "slot": f"all ({cat})", "rejected": s.rejected,
+                         "exact": s.exact, "best_offset": s.best_offset, "topk": s.topk,
+                         "partner": s.partner})
+    return rows
