@@ -113,7 +113,8 @@ def round_examples(model, target, tokens, hidden, greedy, prompt_len: int, n_anc
     keep = [j for j in range(len(anchors)) if int(m[j]) + 2 <= B - 1 and bool(val1[j, m[j] + 1])]
     if not keep:
         return None
-    cache = target_cache(target, tokens)
+    upto = max(int(anchors[j]) + int(m[j]) + 1 for j in keep)   # the furthest committed prefix
+    cache = target_cache(target, tokens[:upto])
     emb = target.model.get_input_embeddings()
     a2, mems = [], []
     for j in keep:
