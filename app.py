@@ -180,9 +180,8 @@ def sidebar(examples: list[dict]) -> None:
                 chat_template=ss.get("chat_template", True), prompt=ss.get("prompt_text", ""),
                 prompt_id=prompt_id)
             ss["_cfg"], ss["_cfg_error"] = cfg, None
-        except SpecvizError as exc:
+        except SpecvizError as exc:  # shown once, on the page (ui.page_start), not here too
             ss["_cfg"], ss["_cfg_error"] = None, str(exc)
-            st.error(f"{exc}")
 
 
 def main() -> None:

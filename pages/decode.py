@@ -96,7 +96,7 @@ if trace is not None:
         status_slot.markdown(f"**{meta.get('method', '?').upper()}** on "
                              f"*{meta.get('model', '?')}* · press **Next round** to run the "
                              "first round.")
-    if stale:
+    if stale and trace.rounds:
         st.warning("The sidebar settings changed since this run started. The run below used the "
                    "old settings; **Next round** or **Run to end** starts a new run.")
     ui.trace_view(trace, prefix="dec")

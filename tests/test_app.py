@@ -308,6 +308,8 @@ def test_bad_inputs_show_errors_and_app_keeps_working():
     at.radio(key="mode").set_value("Sampling").run()
     at.number_input(key="temperature").set_value(1000.0).run()
     assert not at.exception and any("temperature" in e.value for e in at.error)
+    # the message is shown once (on the page), not again in the sidebar
+    assert sum("temperature" in e.value for e in at.error) == 1 and not at.sidebar.error
     at.number_input(key="temperature").set_value(0.8).run()
     at.number_input(key="top_p").set_value(0.0).run()
     assert not at.exception and any("top_p" in e.value for e in at.error)
