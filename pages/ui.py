@@ -167,13 +167,6 @@ def metrics_row(trace: Trace) -> None:
                    "differ.")
 
 
-def prompt_text(trace: Trace) -> str:
-    p = trace.meta.get("prompt")
-    if isinstance(p, str) and p:
-        return p
-    return viz.join_tokens(trace.prompt_ids, trace.token_texts)
-
-
 def _rounds_dataframe(table) -> None:
     st.dataframe(table, hide_index=True, width="stretch", height=min(38 + 35 * len(table), 320),
                  column_config={

@@ -240,3 +240,142 @@ def test_adapld_page(server, browser):
         page.screenshot(path=str(ARTIFACTS / "adapld.png"))
     finally:
         page.close()
+
+
+# ---------------------------------------------------------------- teaching-grade views (#13)
+RAW = r"\bNone\b|\bnull\b|[{}]|\d\.\d{6}"
+SENTENCE_JS = ("() => Array.from(document.querySelectorAll('.round-summary')).map(e => {"
+               " const c = e.cloneNode(true); c.querySelectorAll('code').forEach(x => x.remove());"
+               " return c.innerText; })")
+
+
+def _pick(page, key: str, option: str) -> None:
+    page.locator(f".st-key-{key} [data-baseweb='select']").click()
+    page.get_by_role("option", name=option, exact=True).click()
+    page.wait_for_selector(IDLE, timeout=120_000)
+
+
+def _round_sentences(page) -> list[str]:
+    return page.evaluate(SENTENCE_JS)
+
+
+def test_each_method_explains_its_rounds(server, browser):
+    """After a run of each method: the first rejected token is framed with the target's own
+    token under it, and no round sentence shows raw values (None, null, braces, 6 decimals);
+    Next-round settle time (click -> script idle) over 5 rounds, median written out."""
+    import re
+    import statistics
+
+    page = browser.new_page(viewport={"width": 1440, "height": 1100})
+    try:
+        page.goto(server + "/", wait_until="domcontentloaded")
+        page.get_by_role("button", name="Next round").wait_for(timeout=120_000)
+        page.wait_for_selector(IDLE, timeout=120_000)
+        box = page.locator(".st-key-max_new_tokens input")
+        box.fill("40")
+        box.press("Enter")
+        page.wait_for_selector(IDLE, timeout=60_000)
+        settle = []
+        for i in range(1, 6):
+            t0 = time.perf_counter()
+            page.get_by_role("button", name="Next round").click()
+            page.wait_for_function(_max_round_js(), arg=i, timeout=60_000)
+            page.wait_for_selector(IDLE, timeout=60_000)
+            settle.append(time.perf_counter() - t0)
+        (ARTIFACTS / "next-round-settle.json").write_text(json.dumps(
+            {"settle_s": [round(x, 3) for x in settle],
+             "median_s": round(statistics.median(settle), 3)}, indent=1))
+        print("Next round settle (click -> idle), median s:", round(statistics.median(settle), 3))
+        seen_first = 0
+        for display in ("PLD", "AdaPLD", "DFlash", "ReTrace"):
+            _pick(page, "method", display)
+            page.get_by_role("button", name="Run to end").click()
+            page.wait_for_selector(".specviz-tokens .tok", timeout=180_000)
+            page.wait_for_selector(IDLE, timeout=180_000)
+            assert page.locator("[data-testid='stException']").count() == 0, display
+            firsts = page.locator(".specviz-tokens .tok.rejected.first")
+            if firsts.count():
+                seen_first += 1
+                assert "target:" in firsts.first.inner_text()
+            sentences = _round_sentences(page)
+            assert sentences, display
+            for s in sentences:
+                assert not re.search(RAW, s), (display, s)
+            if display == "ReTrace":
+                page.screenshot(path=str(ARTIFACTS / "decode-retrace.png"))
+        assert seen_first >= 2
+    finally:
+        page.close()
+
+
+def test_compare_chips_and_tampered_trace(server, browser, tmp_path):
+    """The compare page's multiselect shows every chosen method; a tampered trace upload gives
+    a message in the UI's words (no Python internals)."""
+    from tests.test_viz import make_trace
+
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    try:
+        page.goto(server + "/compare-methods", wait_until="domcontentloaded")
+        page.wait_for_selector(".st-key-cmp_methods", timeout=120_000)
+        page.wait_for_selector(IDLE, timeout=120_000)
+        for name in ("PLD", "AdaPLD", "DFlash"):
+            chips = page.locator(".st-key-cmp_methods [data-baseweb='tag']")
+            if name not in chips.all_inner_texts():
+                _pick(page, "cmp_methods", name)
+        texts = page.locator(".st-key-cmp_methods [data-baseweb='tag']").all_inner_texts()
+        assert {"PLD", "AdaPLD", "DFlash"} <= {t.strip() for t in texts}, texts
+        page.screenshot(path=str(ARTIFACTS / "compare.png"))
+        tr = make_trace()
+        path = tmp_path / "tampered.json"
+        tr.save(path)
+        raw = json.loads(path.read_text())
+        raw["rounds"][0]["accepted"] = "three"
+        path.write_text(json.dumps(raw))
+        page.goto(server + "/open-trace", wait_until="domcontentloaded")
+        page.wait_for_selector("[data-testid='stFileUploader']", timeout=60_000)
+        page.wait_for_selector(IDLE, timeout=60_000)
+        page.locator("[data-testid='stFileUploader'] input[type='file']").set_input_files(
+            str(path))
+        page.wait_for_selector("[data-testid='stAlertContentError']", timeout=30_000)
+        msg = page.locator("[data-testid='stAlertContentError']").first.inner_text()
+        assert "accepted" in msg and "Traceback" not in msg and "not supported between" not in msg
+        assert page.locator("[data-testid='stException']").count() == 0
+    finally:
+        page.close()
+
+
+def test_retrace_and_edr_pages(server, browser):
+    """The ReTrace page runs ReTrace and its backbone; the EDR page computes both drafters'
+    occupancies -- in a real browser, with screenshots for the README."""
+    page = browser.new_page(viewport={"width": 1440, "height": 1400})
+    try:
+        page.goto(server + "/retrace-memory", wait_until="domcontentloaded")
+        run = page.get_by_role("button", name="Run ReTrace and its backbone")
+        run.wait_for(timeout=120_000)
+        page.wait_for_selector(IDLE, timeout=120_000)
+        box = page.locator(".st-key-max_new_tokens input")
+        box.fill("48")
+        box.press("Enter")
+        page.wait_for_selector(IDLE, timeout=60_000)
+        run.click()
+        page.wait_for_selector("text=ReTrace beside its DFlash backbone", timeout=240_000)
+        page.wait_for_selector(IDLE, timeout=240_000)
+        assert page.locator("[data-testid='stException']").count() == 0
+        assert page.locator(".rt-grid").count() >= 1 or \
+            page.get_by_text("No round of this run").count() == 1
+        page.wait_for_timeout(1000)
+        page.screenshot(path=str(ARTIFACTS / "retrace.png"))
+        page.goto(server + "/edr-rounds", wait_until="domcontentloaded")
+        page.get_by_role("button", name="Compute").wait_for(timeout=120_000)
+        page.wait_for_selector(IDLE, timeout=120_000)
+        page.get_by_role("button", name="Compute").click()
+        page.wait_for_selector("text=Where rounds start, on the text", timeout=240_000)
+        page.wait_for_selector(IDLE, timeout=240_000)
+        page.wait_for_function("() => document.querySelectorAll("
+                               "'[data-testid=\"stPlotlyChart\"] .js-plotly-plot').length >= 4",
+                               timeout=90_000)
+        assert page.locator("[data-testid='stException']").count() == 0
+        page.wait_for_timeout(1000)
+        page.screenshot(path=str(ARTIFACTS / "edr.png"))
+    finally:
+        page.close()
