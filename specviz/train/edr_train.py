@@ -10,8 +10,9 @@ Per rollout y (a stored greedy target rollout with its tapped features) and obje
   ``num_starts`` round starts are drawn with probability d[n] / sum(d) and recomputed WITH
   grad; the Horvitz-Thompson-weighted TD surrogate (:func:`specviz.train.objectives.round_terms`,
   weight sum(d) / num_starts) has the exact EDR gradient in expectation.
-* ``decay_ce``: DFlash's slot-weighted CE (:func:`specviz.train.dflash_train.sequence_loss`)
-  at ``num_starts`` uniformly drawn states -- the block-local baseline.
+* ``decay_ce``: DFlash's slot-weighted CE (weights exp(-(k-1)/gamma), as
+  :func:`specviz.train.dflash_train.sequence_loss`) at ``num_starts`` uniformly drawn states,
+  over the same draft-vocabulary softmax as ``edr`` -- the block-local baseline.
 * ``survival``: 1 - mean prefix survival at ``num_starts`` uniformly drawn states.
 
 Greedy rollouts only: sampled acceptance min(1, q/p) needs the target's p(y) stored with
@@ -31,7 +32,7 @@ import torch
 from ..analysis.edr import evaluate, greedy_acceptance, occupancy, values
 from ..errors import SettingsError, SpecvizError
 from .dflash_train import (_lr_lambda, _save, block_embeddings, forward_blocks, sequence_context,
-                           sequence_loss, slot_weights)
+                           slot_weights)
 from .objectives import check_objective, round_terms, survival_surrogate
 from .rollouts import RolloutSet
 
@@ -66,20 +67,29 @@ class EDRTrainConfig:
         return self
 
 
-def state_acceptance(model, target, tokens: torch.Tensor, ctx_kv, prompt_len: int,
-                     states: torch.Tensor) -> torch.Tensor:
-    """a[s, t] = the drafter's probability of y[n_s + t - 1] in slot t of the block at state
-    n_s (budget-masked to 0 past the rollout's end); differentiable."""
+def state_logprobs(model, target, tokens: torch.Tensor, ctx_kv, prompt_len: int,
+                   states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log q_{n_s, t}(y[n_s + t - 1]) [S, B-1], valid [S, B-1]): the drafter's log-probability
+    (over its draft vocabulary, as at inference) of the rollout token in slot t of the block at
+    state n_s; invalid past the rollout's end or for a word outside the draft vocabulary."""
     T, P, B = int(tokens.shape[0]), int(prompt_len), model.block_size
     anchors = P - 1 + states
     h = forward_blocks(model, block_embeddings(model, target, tokens[anchors], B), anchors,
                        ctx_kv)[:, 1:]
     logits = model.slot_logits(h, target.model.get_output_embeddings()).float()
     pos = anchors.view(-1, 1) + torch.arange(1, B).view(1, -1)
-    ok = pos < T
     y = tokens[pos.clamp(max=T - 1)].to(logits.device)
     lp = torch.log_softmax(logits, -1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
-    return torch.where(ok.to(lp.device) & torch.isfinite(lp), lp.exp(), torch.zeros_like(lp))
+    ok = (pos < T).to(lp.device) & torch.isfinite(lp)
+    return torch.where(ok, lp, torch.zeros_like(lp)), ok
+
+
+def state_acceptance(model, target, tokens: torch.Tensor, ctx_kv, prompt_len: int,
+                     states: torch.Tensor) -> torch.Tensor:
+    """a[s, t] = the drafter's probability of y[n_s + t - 1] in slot t of the block at state
+    n_s (0 past the rollout's end or outside the draft vocabulary); differentiable."""
+    lp, ok = state_logprobs(model, target, tokens, ctx_kv, prompt_len, states)
+    return torch.where(ok, lp.exp(), torch.zeros_like(lp))
 
 
 def edr_loss(model, target, tokens, hidden, prompt_len: int, num_starts: int,
@@ -105,14 +115,14 @@ def objective_loss_for(cfg: EDRTrainConfig, model, target, tokens, hidden, promp
                        weights, rng: random.Random, gen: torch.Generator) -> torch.Tensor:
     if cfg.objective == "edr":
         return edr_loss(model, target, tokens, hidden, prompt_len, cfg.num_starts, gen)[0]
-    if cfg.objective == "decay_ce":
-        s, w = sequence_loss(model, target, tokens, hidden, prompt_len, cfg.num_starts,
-                             weights, rng)
-        return s / w.clamp_min(1e-9)
     T, P = int(tokens.shape[0]), int(prompt_len)
     states = torch.tensor(sorted(rng.sample(range(T - P), min(cfg.num_starts, T - P))))
-    a = state_acceptance(model, target, tokens, sequence_context(model, hidden, T), P, states)
-    return survival_surrogate(a)
+    ctx_kv = sequence_context(model, hidden, T)
+    if cfg.objective == "decay_ce":   # DFlash's slot-weighted CE, same softmax support as edr
+        lp, ok = state_logprobs(model, target, tokens, ctx_kv, P, states)
+        w = weights.view(1, -1).to(lp.device) * ok
+        return -(lp * w).sum() / w.sum().clamp_min(1e-9)
+    return survival_surrogate(state_acceptance(model, target, tokens, ctx_kv, P, states))
 
 
 @torch.no_grad()
