@@ -207,3 +207,27 @@ def test_training_runs_resumes_and_loads(tmp_path, tiny_target):
     s = DecodeSettings(max_new_tokens=20)
     assert Session(tiny_target, d, ids, s).run().output_ids == \
         generate(tiny_target, "ar", ids, s).output_ids
+
+
+# ----------------------------------------------------------------------------- the bundled one
+def test_bundled_retrace_is_for_the_bundled_backbone(tiny_target):
+    from specviz.drafters.dflash import BUNDLED as DF_BUNDLED, BUNDLED_DIR, load_dflash_checkpoint
+    from specviz.drafters.retrace import BUNDLED, check_backbone
+
+    folder = BUNDLED_DIR / BUNDLED["SmolLM2-135M-Instruct"]
+    assert (folder / "model.safetensors").stat().st_size < 30 * 2 ** 20
+    fusion, cfg = load_retrace(folder)                       # strict load
+    assert cfg["backbone"] == "bundled"
+    check_backbone(cfg, load_dflash_checkpoint(BUNDLED_DIR / DF_BUNDLED["SmolLM2-135M-Instruct"]))
+    assert float(fusion.proj.weight.abs().sum()) > 0          # trained, not the zero init
+    with pytest.raises(SettingsError, match="ReTrace checkpoint"):
+        make_drafter("retrace", tiny_target)
+
+
+@pytest.mark.integration
+def test_bundled_retrace_greedy_lossless_on_real_prompts(embedded_target):
+    from conftest import lossless_on_examples
+
+    runs = lossless_on_examples(embedded_target, "retrace", 4, 1)  # 5 categories x 4 prompts
+    fused = sum(1 for _, tr, _ in runs for r in tr.rounds if "retrace" in r.extras)
+    assert fused > 0   # the memory was really used on real prompts
