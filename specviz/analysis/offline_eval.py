@@ -77,7 +77,7 @@ def dflash_state_drafts(model, target, tokens: torch.Tensor, hidden: torch.Tenso
         anchors = torch.arange(P - 1 + s, P - 1 + min(L, s + chunk))
         h = forward_blocks(model, block_embeddings(model, target, tokens[anchors], B), anchors,
                            ctx_kv)[:, 1:1 + k]
-        top = model.slot_logits(h, head).argmax(-1).tolist()
+        top = model.slot_argmax(h, head).tolist()
         for j, n in enumerate(range(s, min(L, s + chunk))):
             out.append([int(t) for t in top[j][:max(0, min(k, L - n - 1))]])
     return out

@@ -305,6 +305,16 @@ class DFlashDraftModel(nn.Module):
         out[..., dv] = sub
         return out
 
+    def slot_argmax(self, h: torch.Tensor, head: nn.Module) -> torch.Tensor:
+        """argmax of :meth:`slot_logits` (token ids [...]) without building the full-vocabulary
+        tensor: with a draft vocabulary only its rows are scored (offline evaluation)."""
+        h = h.to(device=head.weight.device, dtype=head.weight.dtype)
+        if self.draft_vocab is None:
+            return head(h).argmax(-1)
+        self.slot_logits(h[..., :1, :], head)      # builds / refreshes the cached sub-head
+        dv, sub = self._sub_head[1], self._sub_head[3]
+        return dv[F.linear(h, sub).argmax(-1)]
+
     def forward(self, block_emb: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         """No-cache reference path: context [1, n, k*H] of positions 0..n-1, block at n."""
         n = context.shape[1]
