@@ -311,10 +311,11 @@ def cmd_eval(args) -> int:
         w.writeheader()
         w.writerows(res["rows"])
     labels = [s.label for s in specs]
-    print(f"{'category':<16}{'rollouts':>9}" + "".join(f"{lab + ' tau':>22}" for lab in labels))
+    wid = max(len(lab) for lab in labels) + 6
+    print(f"{'category':<16}{'rollouts':>9}" + "".join(f"{lab + ' tau':>{wid}}" for lab in labels))
     for cat, ent in res["summary"].items():
         print(f"{cat:<16}{ent['rollouts']:>9}" + "".join(
-            f"{ent['drafters'][lab]['tau']:>22.3f}" for lab in labels))
+            f"{ent['drafters'][lab]['tau']:>{wid}.3f}" for lab in labels))
     for pair, b in res["summary"]["all"]["paired"].items():
         lo, hi = b["rounds_change_ci"]
         print(f"{pair}: expected rounds {b['rounds_change']:+.1%} (95% CI {lo:+.1%} .. {hi:+.1%})")
