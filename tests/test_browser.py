@@ -250,9 +250,24 @@ SENTENCE_JS = ("() => Array.from(document.querySelectorAll('.round-summary')).ma
 
 
 def _pick(page, key: str, option: str) -> None:
-    page.locator(f".st-key-{key} [data-baseweb='select']").click()
+    """Choose ``option`` in the selectbox / multiselect with widget key ``key`` (a react-aria
+    combobox; the rendered copy is the visible one)."""
+    page.locator(f".st-key-{key} input[role='combobox'] >> visible=true").first.click()
     page.get_by_role("option", name=option, exact=True).click()
     page.wait_for_selector(IDLE, timeout=120_000)
+    page.keyboard.press("Escape")
+
+
+def _open(page, server: str, link: str) -> None:
+    """Open the app at its main page, then go to the page ``link`` through the navigation (a
+    deep link to a page's url shows Streamlit's "page not found" dialog before it routes)."""
+    page.goto(server + "/", wait_until="domcontentloaded")
+    page.get_by_role("button", name="Next round").wait_for(timeout=120_000)
+    page.wait_for_selector(IDLE, timeout=120_000)
+    if link:
+        page.get_by_role("link", name=link).click()
+        page.wait_for_timeout(500)
+        page.wait_for_selector(IDLE, timeout=120_000)
 
 
 def _round_sentences(page) -> list[str]:
@@ -315,15 +330,14 @@ def test_compare_chips_and_tampered_trace(server, browser, tmp_path):
 
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
     try:
-        page.goto(server + "/compare-methods", wait_until="domcontentloaded")
+        _open(page, server, "Compare methods")
         page.wait_for_selector(".st-key-cmp_methods", timeout=120_000)
-        page.wait_for_selector(IDLE, timeout=120_000)
+        tags = ".st-key-cmp_methods [data-tag] >> visible=true"
         for name in ("PLD", "AdaPLD", "DFlash"):
-            chips = page.locator(".st-key-cmp_methods [data-baseweb='tag']")
-            if name not in chips.all_inner_texts():
+            if name not in [t.strip() for t in page.locator(tags).all_inner_texts()]:
                 _pick(page, "cmp_methods", name)
-        texts = page.locator(".st-key-cmp_methods [data-baseweb='tag']").all_inner_texts()
-        assert {"PLD", "AdaPLD", "DFlash"} <= {t.strip() for t in texts}, texts
+        texts = [t.strip() for t in page.locator(tags).all_inner_texts()]
+        assert {"PLD", "AdaPLD", "DFlash"} <= set(texts), texts
         page.screenshot(path=str(ARTIFACTS / "compare.png"))
         tr = make_trace()
         path = tmp_path / "tampered.json"
@@ -331,7 +345,7 @@ def test_compare_chips_and_tampered_trace(server, browser, tmp_path):
         raw = json.loads(path.read_text())
         raw["rounds"][0]["accepted"] = "three"
         path.write_text(json.dumps(raw))
-        page.goto(server + "/open-trace", wait_until="domcontentloaded")
+        page.get_by_role("link", name="Open a saved trace").click()
         page.wait_for_selector("[data-testid='stFileUploader']", timeout=60_000)
         page.wait_for_selector(IDLE, timeout=60_000)
         page.locator("[data-testid='stFileUploader'] input[type='file']").set_input_files(
@@ -349,14 +363,15 @@ def test_retrace_and_edr_pages(server, browser):
     occupancies -- in a real browser, with screenshots for the README."""
     page = browser.new_page(viewport={"width": 1440, "height": 1400})
     try:
-        page.goto(server + "/retrace-memory", wait_until="domcontentloaded")
-        run = page.get_by_role("button", name="Run ReTrace and its backbone")
-        run.wait_for(timeout=120_000)
-        page.wait_for_selector(IDLE, timeout=120_000)
+        _open(page, server, "")
         box = page.locator(".st-key-max_new_tokens input")
         box.fill("48")
         box.press("Enter")
         page.wait_for_selector(IDLE, timeout=60_000)
+        page.get_by_role("link", name="ReTrace: rejected suffixes").click()
+        run = page.get_by_role("button", name="Run ReTrace and its backbone")
+        run.wait_for(timeout=120_000)
+        page.wait_for_selector(IDLE, timeout=120_000)
         run.click()
         page.wait_for_selector("text=ReTrace beside its DFlash backbone", timeout=240_000)
         page.wait_for_selector(IDLE, timeout=240_000)
@@ -365,7 +380,7 @@ def test_retrace_and_edr_pages(server, browser):
             page.get_by_text("No round of this run").count() == 1
         page.wait_for_timeout(1000)
         page.screenshot(path=str(ARTIFACTS / "retrace.png"))
-        page.goto(server + "/edr-rounds", wait_until="domcontentloaded")
+        page.get_by_role("link", name="EDR: where the rounds go").click()
         page.get_by_role("button", name="Compute").wait_for(timeout=120_000)
         page.wait_for_selector(IDLE, timeout=120_000)
         page.get_by_role("button", name="Compute").click()
