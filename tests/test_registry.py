@@ -34,9 +34,22 @@ def dflash_checkpoint(tmp_path_factory, tiny_target):
     return str(save_dflash_checkpoint(model, tmp_path_factory.mktemp("dflash") / "ck"))
 
 
+def retrace_checkpoint(dflash_checkpoint: str) -> str:
+    """A ReTrace fusion for the tiny target, on the tiny DFlash checkpoint."""
+    from specviz.drafters.dflash import load_dflash_checkpoint
+    from specviz.drafters.retrace import ReTraceFusion, fusion_config, save_retrace
+
+    model = load_dflash_checkpoint(dflash_checkpoint)
+    fusion = ReTraceFusion(model.hidden_size)
+    folder = Path(dflash_checkpoint).parent / "retrace"
+    return str(save_retrace(fusion, fusion_config(fusion, model, dflash_checkpoint), folder))
+
+
 def defaults_of(spec: MethodSpec, checkpoint: str) -> dict:
     params = {p.name: p.default for p in spec.params}
-    if "checkpoint" in params:
+    if spec.name == "retrace":
+        params["checkpoint"] = retrace_checkpoint(checkpoint)
+    elif "checkpoint" in params:
         params["checkpoint"] = checkpoint
     return params
 
@@ -52,8 +65,9 @@ def test_registry_entries_are_complete():
             assert p.label and p.help and p.type in (int, float, bool, str), (name, p.name)
             assert p.range is None or p.type in (int, float)
             assert p.default is None or p.check(p.default) == p.default, (name, p.name)
-    assert METHODS["dflash"].kind == "learned" and METHODS["dflash"].needs_target
-    assert not any(s.needs_target for m, s in METHODS.items() if m != "dflash")
+    for m in ("dflash", "retrace"):
+        assert METHODS[m].kind == "learned" and METHODS[m].needs_target
+    assert not any(s.needs_target for m, s in METHODS.items() if m not in ("dflash", "retrace"))
     assert methods_of(AdaPLDDrafter) == ("adapld", "adapld_lex", "adapld_sem")
     assert METHODS["adapld_lex"].preset == {"ablation": "lexical"}
 

@@ -216,7 +216,9 @@ class ReTraceDrafter(DFlashDrafter):
 
     def __init__(self, target=None, checkpoint: str | Path | None = None,
                  backbone: str | None = None, fusion: ReTraceFusion | None = None,
-                 gate: str = "learned", model=None, **kw):
+                 gate: str = "learned", model=None, block_size: int | None = None,
+                 draft_temperature: float = 0.0, seed: int = 0, cut: str = "auto",
+                 dtype=None, device: str | None = None):
         if target is None:
             raise SettingsError("retrace needs the target model")
         self.gate_off = PARAMS["gate"].check(gate) == "off"
@@ -234,7 +236,9 @@ class ReTraceDrafter(DFlashDrafter):
         backbone = PARAMS["backbone"].check(backbone or "")
         if not backbone.strip() and cfg.get("backbone") not in (None, "", "bundled"):
             backbone = str(cfg["backbone"])
-        super().__init__(target, checkpoint=backbone or None, model=model, **kw)
+        super().__init__(target, checkpoint=backbone or None, model=model, block_size=block_size,
+                         draft_temperature=draft_temperature, seed=seed, cut=cut, dtype=dtype,
+                         device=device)
         check_backbone(cfg, self.model)
         self.fusion = fusion.to(device=self.device, dtype=self.dtype).eval()
         self.memory: RejectedMemory | None = None
