@@ -229,7 +229,7 @@ def sequence_loss(model, target, tokens, hidden, prompt_len: int, n_anchors: int
     frozen LM head -- a sampled softmax: ~5x less work in the 49k-word head, which is 90 % of a
     CPU step. None = the full vocabulary. ``vocab_weight`` = ``head.weight[vocab]`` when the
     caller already gathered it (once per step, shared by the step's sequences)."""
-    from .prefill import exact_prefix_labels, rollout_labels
+    from .prefill import block_labels
 
     T = int(tokens.shape[0])
     lo, hi = max(0, prompt_len - 1), T - 2
@@ -240,10 +240,7 @@ def sequence_loss(model, target, tokens, hidden, prompt_len: int, n_anchors: int
     picks = sorted(rng.sample(cand, min(n_anchors, len(cand))))
     anchors = torch.tensor(picks)
     B = model.block_size
-    if greedy is None:
-        labels, valid = rollout_labels(tokens, anchors, B)
-    else:
-        labels, valid = exact_prefix_labels(tokens, greedy, anchors, B)
+    labels, valid = block_labels(tokens, greedy, anchors, B)
     head = target.model.get_output_embeddings()
     h = anchor_hidden(model, target, tokens, hidden, anchors)
     if vocab is None:

@@ -112,6 +112,15 @@ def rollout_labels(tokens: torch.Tensor, anchors: torch.Tensor,
     return tokens[tpos.clamp(max=T - 1)], tpos < T
 
 
+def block_labels(tokens: torch.Tensor, greedy: torch.Tensor | None, anchors: torch.Tensor,
+                 block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The labels of either kind of stored sequence: a greedy rollout (``greedy`` None) or a
+    prefill-labelled text."""
+    if greedy is None:
+        return rollout_labels(tokens, anchors, block_size)
+    return exact_prefix_labels(tokens, greedy, anchors, block_size)
+
+
 # --------------------------------------------------------------------------- the forward
 @torch.inference_mode()
 def prefill_batch(target, seqs: list[list[int]], layer_ids: list[int],

@@ -34,7 +34,7 @@ from ..drafters.retrace import ReTraceFusion, build_memory, fuse, fusion_config,
 from ..errors import SettingsError, SpecvizError
 from .dflash_train import (TrainData, _lr_lambda, block_embeddings, forward_blocks,
                            sequence_context, slot_weights)
-from .prefill import exact_prefix_labels, rollout_labels
+from .prefill import block_labels
 from .rollouts import RolloutSet
 
 LOG_NAME = "train_log.jsonl"
@@ -72,12 +72,6 @@ class Examples:
     ctx_kv: list                   # the sequence's drafter context K/V
 
 
-def _labels(tokens, greedy, anchors, B):
-    if greedy is None:
-        return rollout_labels(tokens, anchors, B)
-    return exact_prefix_labels(tokens, greedy, anchors, B)
-
-
 @torch.no_grad()
 def target_cache(target, tokens: torch.Tensor):
     """The target's KV cache over the whole sequence (one prefill forward)."""
@@ -107,8 +101,8 @@ def round_examples(model, target, tokens, hidden, greedy, prompt_len: int, n_anc
     head = target.model.get_output_embeddings()
     h1 = forward_blocks(model, block_embeddings(model, target, tokens[anchors], B), anchors,
                         ctx_kv)[:, 1:]
-    d1 = model.slot_logits(h1, head).argmax(-1).cpu()                        # [K, B-1]
-    lab1, val1 = _labels(tokens, greedy, anchors, B)
+    d1 = model.slot_argmax(h1, head).cpu()                                   # [K, B-1]
+    lab1, val1 = block_labels(tokens, greedy, anchors, B)
     m = torch.cumprod(((d1 == lab1) & val1).long(), 1).sum(1)               # accepted
     keep = [j for j in range(len(anchors)) if int(m[j]) + 2 <= B - 1 and bool(val1[j, m[j] + 1])]
     if not keep:
@@ -130,7 +124,7 @@ def round_examples(model, target, tokens, hidden, greedy, prompt_len: int, n_anc
         mems.append(build_memory(h1[j], d1[j].tolist(), mj, tgt, a, emb))
         a2.append(a + mj + 1)
     a2t = torch.tensor(a2)
-    lab2, val2 = _labels(tokens, greedy, a2t, B)
+    lab2, val2 = block_labels(tokens, greedy, a2t, B)
     return Examples(a2t, mems, lab2, val2, ctx_kv)
 
 
