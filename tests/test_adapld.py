@@ -265,8 +265,9 @@ def test_extras_describe_the_draft(tiny_target, tmp_path):
             for m in used:
                 s, e = m["span"]
                 c0, c1 = m["copy_from"]
-                assert 0 <= s < e == c0 < c1 <= L
-                assert ctx[c0:c1] == m["tokens"]
+                assert 0 <= s < e == c0 < L and c1 == c0 + len(m["tokens"])
+                seq = list(ctx) + list(m["tokens"])   # a copy may overlap its own tokens
+                assert seq[c0:c1] == m["tokens"]
                 assert any(p[:len(m["tokens"])] == m["tokens"] for p in paths)
                 if m["kind"] == "lexical":
                     assert m["ngram"] == e - s and ctx[s:e] == ctx[L - m["ngram"]:]

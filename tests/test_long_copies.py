@@ -113,3 +113,29 @@ def test_cost_curve_chart_and_speedup_estimate_read_the_trace():
     assert "verify-cost model" in est.explain()
     empty = viz.fig_cost_curve(Trace(meta={}, prompt_ids=[1], rounds=rounds))
     assert "No verify-cost model" in empty.layout.annotations[0].text
+
+
+def test_overlapping_copy_drafts_a_loop_past_the_end_of_the_context():
+    from specviz.drafters.adapld_control import continuation
+    loop = [5, 6, 7]
+    tokens = [9, 8] + loop * 3
+    # a copy from the last period runs into the drafted tokens themselves (LZ77 overlap)
+    assert continuation(tokens, len(tokens) - 3, 10, set()) == (loop * 4)[:10]
+    assert continuation(tokens, len(tokens) - 3, 10, {7}) == [5, 6]      # stops before an EOS
+    assert continuation(tokens, len(tokens), 4, set()) == []              # nothing to copy
+
+
+def test_a_text_caught_in_a_loop_is_drafted_at_full_length():
+    """A target repeating a short phrase (small models do): once the copy is in step, the
+    drafts grow past the loop's period instead of stopping at the end of the context."""
+    prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 5, 6, 7]
+    loop = [5, 6, 7]
+
+    def truth(tokens, draft):
+        k = len(tokens) - len(prompt)
+        return [loop[(k + i) % 3] for i in range(70)]
+    drafter = AdaPLDDrafter(semantic="off")
+    rounds, tokens = _synthetic_run(drafter, prompt, 12, truth)
+    lens = [len(r.draft) for r in rounds]
+    assert max(lens) > 10, lens
+    assert all(r.accepted == len(r.draft) for r in rounds), lens

@@ -9,9 +9,9 @@ what followed it, as a chain or as a token tree of several hypotheses:
    wins; ALL its occurrences (the 64 most recent) plus those of shorter suffix n-grams become
    candidates, ranked by 0.5 n/max_ngram + 0.2 recency + 0.3 votes (the share of matches whose
    continuation starts with the same one/two tokens; identical continuations merge). A
-   continuation never includes the current position, never runs past the end of the context
-   (a recent match cut short there is extended by an older match predicting the same tokens)
-   and stops before an EOS token.
+   continuation never includes the current position and stops before an EOS token; one that
+   reaches the end of the context continues with its own tokens (an overlapping copy, so a
+   text caught in a loop is drafted at full length).
 2. **Semantic retrieval** when lexical matching finds no match of two or more tokens. Every
    ``window``-token sliding window of prompt + output is embedded once (:class:`WindowIndex`:
    the prompt's windows in ``begin``, then only the new ones, lazily); the last ``window``
@@ -395,9 +395,9 @@ def lexical_candidates(index: NgramIndex, length: int, eos: set[int] | frozenset
             if score > old.score:
                 old.score, old.span, old.ngram = score, (e - n, e), n
     ranked = sorted(merged.values(), key=lambda c: (-c.score, -c.span[1]))
-    # A recent match near the end of the context has a continuation cut short by the context
-    # end; an older match predicting the same tokens and more replaces it (same prediction, more
-    # tokens to draft), keeping the better score and adding the votes.
+    # A continuation cut short (by an EOS) is extended by a match predicting the same tokens
+    # and more (same prediction, more tokens to draft), keeping the better score and adding
+    # the votes.
     cands: list[Candidate] = []
     for c in ranked:
         for k in cands:

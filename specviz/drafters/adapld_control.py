@@ -73,13 +73,20 @@ class SourceStats:
 
 
 def continuation(tokens: Sequence[int], start: int, length: int, eos) -> list[int]:
-    """Up to ``length`` context tokens from ``start`` (never past the end), stopping before an
-    EOS: what a copy from ``start`` drafts."""
-    out = []
-    for t in tokens[start:min(start + length, len(tokens))]:
+    """Up to ``length`` tokens copied from ``start``, stopping before an EOS: what a copy from
+    ``start`` drafts. A copy that reaches the end of the context continues with its own tokens
+    (an overlapping LZ77 copy: ``out[i] = (tokens + out)[start + i]``), so a text caught in a
+    loop of period ``len(tokens) - start`` is drafted to full length, not cut at the end."""
+    L = len(tokens)
+    if not 0 <= start < L:
+        return []
+    out: list[int] = []
+    for i in range(length):
+        j = start + i
+        t = int(tokens[j]) if j < L else out[j - L]
         if t in eos:
             break
-        out.append(int(t))
+        out.append(t)
     return out
 
 
