@@ -340,8 +340,12 @@ def cmd_train_finetune(args) -> int:
     init = args.init or bundled_checkpoint(target)
     if init is None:
         raise SpecvizError("--init is needed: no bundled DFlash drafter for this target")
-    res = finetune(target, load_dflash_checkpoint(init), args.rollouts, args.eval, args.out,
-                   cfg, show_bar=True)
+    model = load_dflash_checkpoint(init)
+    if args.markov_rank:   # DSpark: the same backbone + a zero-initialised Markov head
+        from .drafters.dspark import add_markov_head
+
+        add_markov_head(model, args.markov_rank, seed=args.seed)
+    res = finetune(target, model, args.rollouts, args.eval, args.out, cfg, show_bar=True)
     ev = res["evals"]
     if ev:
         print(f"held-out expected rounds {ev[0]['expected_rounds']:.1f} -> "
@@ -574,6 +578,9 @@ def _add_train_finetune(tsub) -> None:
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--eval-rollouts", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--markov-rank", type=int, default=0,
+                   help="> 0: add a DSpark Markov head of this rank (starts as the DFlash "
+                        "drafter; use the result with --method dspark)")
     p.set_defaults(func=cmd_train_finetune)
 
 

@@ -5,7 +5,7 @@ confidence intervals -- no speculative decoding, no target forward.
 Per rollout and drafter: the draft at every state n (:func:`state_drafts`; for DFlash all states
 in a few batched drafter forwards, :func:`dflash_state_drafts`), greedy acceptance against the
 rollout, and :func:`specviz.analysis.edr.evaluate`. For drafters that are deterministic and
-Markov in n (PLD, DFlash with ``cut="off"``) the expected rounds equal the rounds of a real
+Markov in n (PLD, DFlash and DSpark with ``cut="off"``) the expected rounds equal the rounds of a real
 greedy speculative run on the rollout's prompt exactly (tested; :func:`real_rounds` checks it on
 a sample). Drafters with a memory of earlier rounds are refused: AdaPLD's statistics and the
 cost-aware cut would be an approximation here, and ReTrace's memory needs the previous verify
@@ -25,7 +25,8 @@ import torch
 from ..errors import SettingsError, SpecvizError
 from .edr import evaluate, greedy_acceptance, state_drafts
 
-MARKOV = {"pld": {}, "dflash": {"cut": "off"}}
+MARKOV = {"pld": {}, "dflash": {"cut": "off"}, "dspark": {"cut": "off"}}
+BLOCK_DRAFTERS = ("dflash", "dspark")   # drafts at all states in batched drafter forwards
 
 
 @dataclass
@@ -77,7 +78,10 @@ def dflash_state_drafts(model, target, tokens: torch.Tensor, hidden: torch.Tenso
         anchors = torch.arange(P - 1 + s, P - 1 + min(L, s + chunk))
         h = forward_blocks(model, block_embeddings(model, target, tokens[anchors], B), anchors,
                            ctx_kv)[:, 1:1 + k]
-        top = model.slot_argmax(h, head).tolist()
+        # DSpark's Markov head is teacher-forced: slot j's previous token is the rollout's
+        # (exact for greedy acceptance, see specviz.drafters.dspark); plain DFlash ignores it
+        prev = tokens[(anchors.view(-1, 1) + torch.arange(k).view(1, -1)).clamp(max=T - 1)]
+        top = model.slot_argmax(h, head, prev=prev).tolist()
         for j, n in enumerate(range(s, min(L, s + chunk))):
             out.append([int(t) for t in top[j][:max(0, min(k, L - n - 1))]])
     return out
@@ -106,7 +110,7 @@ def check_rollouts(target, rollout_set, drafters: dict) -> None:
 def drafts_for(spec: DrafterSpec, drafter, target, rollout_set, i: int) -> list[list[int]]:
     """The drafts at every state of rollout ``i`` (batched for DFlash)."""
     t, h, p = rollout_set.load(i)
-    if spec.method == "dflash":
+    if spec.method in BLOCK_DRAFTERS:
         return dflash_state_drafts(drafter.model, target, t, h, p, drafter.block_size)
     return state_drafts(drafter, rollout_set.rollout(i), target)
 

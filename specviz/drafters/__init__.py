@@ -1,10 +1,11 @@
 """Drafting strategies behind one interface (see :mod:`specviz.drafters.base`)."""
 from __future__ import annotations
 
-from . import adapld, dflash, pld, retrace
+from . import adapld, dflash, dspark, pld, retrace
 from .adapld import AdaPLDDrafter
 from .base import ARDrafter, Draft, DraftContext, Drafter, VerifyFeedback
 from .dflash import DFlashDrafter
+from .dspark import DSparkDrafter
 from .pld import PLDDrafter
 from .retrace import ReTraceDrafter
 from .registry import MethodSpec, ParamSpec, lookup, registry
@@ -17,6 +18,7 @@ METHODS: dict[str, MethodSpec] = registry(
     *pld.SPECS,
     *adapld.SPECS,
     *dflash.SPECS,
+    *dspark.SPECS,
     *retrace.SPECS,
 )
 
@@ -44,5 +46,5 @@ def methods_of(factory) -> tuple[str, ...]:
 
 
 __all__ = ["ARDrafter", "Draft", "DraftContext", "Drafter", "VerifyFeedback", "PLDDrafter",
-           "AdaPLDDrafter", "DFlashDrafter", "ReTraceDrafter", "METHODS", "MethodSpec", "ParamSpec", "make_drafter",
+           "AdaPLDDrafter", "DFlashDrafter", "DSparkDrafter", "ReTraceDrafter", "METHODS", "MethodSpec", "ParamSpec", "make_drafter",
            "method_spec", "methods_of", "register"]

@@ -242,6 +242,13 @@ class DFlashDraftModel(nn.Module):
         # drafter's layers on a CPU. Stored as the extra tensor DRAFT_VOCAB_KEY; not a buffer,
         # so published checkpoints (without it) keep loading strictly.
         self.draft_vocab: torch.Tensor | None = None
+        # Optional Markov head (DSpark, :mod:`specviz.drafters.dspark`): a low-rank logit bias
+        # from the previous token, W2 W1[x_{k-1}], over the draft vocabulary (or every word).
+        self.markov_rank = int(dc.get("markov_rank") or 0)
+        if self.markov_rank:
+            out = int(dc.get("draft_vocab_size") or cfg["vocab_size"])
+            self.markov_in = nn.Embedding(int(cfg["vocab_size"]), self.markov_rank)
+            self.markov_out = nn.Linear(self.markov_rank, out, bias=False)
         rope_keys = {k: cfg[k] for k in ("hidden_size", "num_attention_heads", "head_dim",
                                          "rope_theta", "rope_parameters", "rope_scaling",
                                          "max_position_embeddings", "partial_rotary_factor")
@@ -256,7 +263,7 @@ class DFlashDraftModel(nn.Module):
             for name, p in self.named_parameters():
                 if name.endswith("norm.weight"):
                     p.fill_(1.0)
-                elif name.endswith(".bias"):
+                elif name.endswith(".bias") or name == "markov_out.weight":  # DSpark starts as DFlash
                     p.zero_()
                 else:
                     p.copy_(torch.randn(p.shape, generator=generator) * std)
@@ -288,32 +295,49 @@ class DFlashDraftModel(nn.Module):
             x = layer(x, k, v, cos, sin)
         return self.norm(x)
 
-    def slot_logits(self, h: torch.Tensor, head: nn.Module) -> torch.Tensor:
-        """Logits [..., V] of final states ``h`` through the target's LM ``head``; with a draft
-        vocabulary only those rows are computed and every other word gets -inf."""
+    def markov_bias(self, prev: torch.Tensor) -> torch.Tensor | None:
+        """The Markov head's logit bias W2 W1[prev] [..., V_draft] for previous tokens ``prev``
+        (ids [...]); None without a Markov head (plain DFlash)."""
+        if not self.markov_rank:
+            return None
+        return self.markov_out(self.markov_in(prev.to(self.markov_in.weight.device)))
+
+    def _draft_scores(self, h: torch.Tensor, head: nn.Module,
+                      prev: torch.Tensor | None) -> torch.Tensor:
+        """Scores [..., Vd] over the draft vocabulary (all words without one), plus the Markov
+        bias of ``prev`` when the drafter has a Markov head."""
         h = h.to(device=head.weight.device, dtype=head.weight.dtype)
         if self.draft_vocab is None:
-            return head(h)
-        dv = self.draft_vocab.to(head.weight.device)
-        cached = getattr(self, "_sub_head", None)
-        if cached is None or cached[0] is not head.weight or cached[1].device != dv.device \
-                or cached[2] != head.weight.dtype or cached[1].numel() != dv.numel():
-            cached = (head.weight, dv, head.weight.dtype, head.weight.detach()[dv].contiguous())
-            self._sub_head = cached
-        sub = F.linear(h, cached[3])
+            sub = head(h)
+        else:
+            dv = self.draft_vocab.to(head.weight.device)
+            cached = getattr(self, "_sub_head", None)
+            if cached is None or cached[0] is not head.weight or cached[1].device != dv.device \
+                    or cached[2] != head.weight.dtype or cached[1].numel() != dv.numel():
+                cached = (head.weight, dv, head.weight.dtype, head.weight.detach()[dv].contiguous())
+                self._sub_head = cached
+            sub = F.linear(h, cached[3])
+        bias = None if prev is None else self.markov_bias(prev)
+        return sub if bias is None else sub + bias.to(sub.dtype)
+
+    def slot_logits(self, h: torch.Tensor, head: nn.Module,
+                    prev: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [..., V] of final states ``h`` through the target's LM ``head``; with a draft
+        vocabulary only those rows are computed and every other word gets -inf. ``prev`` (ids
+        [...], the token before each slot) adds the Markov head's bias (DSpark)."""
+        sub = self._draft_scores(h, head, prev)
+        if self.draft_vocab is None:
+            return sub
         out = sub.new_full((*sub.shape[:-1], head.weight.shape[0]), float("-inf"))
-        out[..., dv] = sub
+        out[..., self._sub_head[1]] = sub
         return out
 
-    def slot_argmax(self, h: torch.Tensor, head: nn.Module) -> torch.Tensor:
+    def slot_argmax(self, h: torch.Tensor, head: nn.Module,
+                    prev: torch.Tensor | None = None) -> torch.Tensor:
         """argmax of :meth:`slot_logits` (token ids [...]) without building the full-vocabulary
         tensor: with a draft vocabulary only its rows are scored (offline evaluation)."""
-        h = h.to(device=head.weight.device, dtype=head.weight.dtype)
-        if self.draft_vocab is None:
-            return head(h).argmax(-1)
-        self.slot_logits(h[..., :1, :], head)      # builds / refreshes the cached sub-head
-        dv, sub = self._sub_head[1], self._sub_head[3]
-        return dv[F.linear(h, sub).argmax(-1)]
+        top = self._draft_scores(h, head, prev).argmax(-1)
+        return top if self.draft_vocab is None else self._sub_head[1][top]
 
     def forward(self, block_emb: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         """No-cache reference path: context [1, n, k*H] of positions 0..n-1, block at n."""
@@ -718,6 +742,11 @@ class DFlashDrafter(Drafter):
             logits = self.model.slot_logits(h, tgt.get_output_embeddings())
         return logits[0].float()
 
+    def draft_logits(self, tokens: list[int], k: int) -> tuple[torch.Tensor, list[int] | None]:
+        """(logits [k, V] of slots 1..k on the CPU, the drafted tokens when the drafter chose
+        them itself -- left to right, as DSpark does -- else None: argmax / sampling follow)."""
+        return self.block_logits(tokens)[:k].cpu(), None
+
     def _empty_kv(self):
         a = self.model.layers[0].self_attn
         z = torch.zeros(1, a.n_kv, 0, a.head_dim, device=self.device, dtype=self.dtype)
@@ -733,9 +762,12 @@ class DFlashDrafter(Drafter):
         extras = {"block_size": self.block_size, "confidence": []}
         if k == 0:
             return Draft(extras=extras)
-        logits = self.block_logits(list(ctx.tokens))[:k].cpu()
+        logits, chain = self.draft_logits(list(ctx.tokens), k)
         probs = torch.softmax(logits, dim=-1)
         conf, top = probs.max(-1)
+        if chain is not None:   # drafted left to right (DSpark): the slots' own tokens
+            top = torch.tensor(chain[:len(top)])
+            conf = probs.gather(-1, top.unsqueeze(-1)).squeeze(-1)
         if self.cut is not None:  # verify only the prefix that pays for itself (BlockCut)
             block_conf = [float(c) for c in conf]
             kept, value = self.cut.choose(block_conf)
@@ -752,7 +784,8 @@ class DFlashDrafter(Drafter):
         extras["topk_p"] = [[round(float(x), 3) for x in row] for row in tk_p]
         if self.draft_temperature > 0:
             q = torch.softmax(logits / self.draft_temperature, dim=-1)
-            tokens = torch.multinomial(q, 1, generator=self.generator).squeeze(-1)
+            tokens = top if chain is not None else \
+                torch.multinomial(q, 1, generator=self.generator).squeeze(-1)
             q_token = q.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
             return Draft(tokens=[int(t) for t in tokens], q=q,
                          q_token=[round(float(x), 6) for x in q_token], extras=extras)

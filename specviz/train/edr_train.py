@@ -50,6 +50,7 @@ class EDRTrainConfig:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
     gamma: float = 4.0           # decay_ce slot weights
+    head_lr_scale: float = 20.0  # lr multiplier of a DSpark Markov head (starts at zero)
     grad_clip: float = 1.0
     eval_every: int = 50
     eval_rollouts: int = 32
@@ -76,8 +77,9 @@ def state_logprobs(model, target, tokens: torch.Tensor, ctx_kv, prompt_len: int,
     anchors = P - 1 + states
     h = forward_blocks(model, block_embeddings(model, target, tokens[anchors], B), anchors,
                        ctx_kv)[:, 1:]
-    logits = model.slot_logits(h, target.model.get_output_embeddings()).float()
     pos = anchors.view(-1, 1) + torch.arange(1, B).view(1, -1)
+    prev = tokens[(pos - 1).clamp(max=T - 1)]   # DSpark's Markov head, teacher-forced
+    logits = model.slot_logits(h, target.model.get_output_embeddings(), prev=prev).float()
     y = tokens[pos.clamp(max=T - 1)].to(logits.device)
     lp = torch.log_softmax(logits, -1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
     ok = (pos < T).to(lp.device) & torch.isfinite(lp)
@@ -159,7 +161,12 @@ def finetune(target, model, rollouts_dir, eval_dir, out, cfg: EDRTrainConfig,
     out.mkdir(parents=True, exist_ok=True)
     model = model.float().train().requires_grad_(True)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    # a new DSpark Markov head starts at zero: it gets a larger step than the trained backbone
+    head = [p for n, p in model.named_parameters() if n.startswith("markov_")]
+    rest = [p for n, p in model.named_parameters() if not n.startswith("markov_")]
+    groups = [{"params": rest}] + ([{"params": head, "lr": cfg.lr * cfg.head_lr_scale}]
+                                   if head else [])
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
     rng, gen = random.Random(cfg.seed), torch.Generator().manual_seed(cfg.seed)
     weights = slot_weights(model.block_size, cfg.gamma)
