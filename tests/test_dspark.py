@@ -192,3 +192,26 @@ def test_finetune_trains_the_markov_head(rollouts, tiny_target, tmp_path):
 def test_dspark_needs_a_checkpoint_for_other_targets(tiny_target):
     with pytest.raises(SettingsError, match="dspark needs a trained DSpark drafter"):
         make_drafter("dspark", tiny_target)
+
+
+def test_bundled_dspark_loads_strictly_and_only_for_its_target(tiny_target):
+    from specviz.drafters.dflash import BUNDLED_DIR, bundled_checkpoint
+    from specviz.drafters.dspark import BUNDLED
+
+    folder = BUNDLED_DIR / BUNDLED["SmolLM2-135M-Instruct"]
+    assert (folder / "model.safetensors").stat().st_size < 30 * 2 ** 20
+    model = load_dflash_checkpoint(folder)              # strict keys and shapes
+    assert model.markov_rank == 16 and model.draft_vocab is not None
+    assert model.markov_out.weight.shape[0] == model.draft_vocab.numel()
+    assert float(model.markov_out.weight.float().abs().sum()) > 0    # a trained head
+    assert bundled_checkpoint(tiny_target, BUNDLED) is None
+
+
+@pytest.mark.integration
+def test_bundled_dspark_greedy_lossless_on_real_prompts(embedded_target):
+    from conftest import lossless_on_examples
+
+    runs = lossless_on_examples(embedded_target, "dspark", 4, 1)  # 5 categories x 4 prompts
+    tokens = sum(len(df.output_ids) for _, df, _ in runs)
+    rounds = sum(df.num_rounds for _, df, _ in runs)
+    assert tokens / rounds > 1.2, f"the bundled DSpark drafter's tau is only {tokens / rounds:.2f}"

@@ -250,7 +250,7 @@ def prompt_mrp(target, prompt_ids: list[int], specs: list[DrafterSpec],
     acc, out, drafts = {}, {}, {}
     for s in specs:
         d = drafters[s.label]
-        if s.method == "dflash":
+        if s.method in BLOCK_DRAFTERS:
             H = res.hidden[0].shape[-1] // len(layers)
             cols = torch.cat([res.hidden[0][:, j * H:(j + 1) * H]
                               for j in [layers.index(i) for i in d.model.target_layer_ids]], -1)

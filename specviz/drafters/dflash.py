@@ -75,8 +75,9 @@ MAX_BLOCK_SIZE = 64
 TOPK = 4  # drafter top-k ids/probs recorded per slot (rejected-suffix alignment)
 PARAMS = params_by_name(
     ParamSpec("checkpoint", str, "", label="Drafter checkpoint",
-              help="A DFlash drafter folder or hub id (config.json + model.safetensors). Empty = "
-                   "the drafter this project trained for the embedded SmolLM2-135M-Instruct."),
+              help="A DFlash (or DSpark) drafter folder or hub id (config.json + "
+                   "model.safetensors). Empty = the drafter this project trained for the "
+                   "embedded SmolLM2-135M-Instruct."),
     ParamSpec("block_size", int, 0, range=(0, MAX_BLOCK_SIZE), label="Block size",
               help="Slots per block (anchor + masks), at most the checkpoint's; 0 = the "
                    "checkpoint's own. Smaller blocks draft fewer tokens per round."),
