@@ -43,7 +43,7 @@ with st.expander("What the charts show", expanded=False):
 choices = list(MARKOV)
 c = st.columns([2, 2, 1.4], vertical_alignment="bottom")
 a_lab = c[0].selectbox("Drafter A", choices, index=0, key="edr_a")
-b_lab = c[1].selectbox("Drafter B", choices, index=len(choices) - 1, key="edr_b")
+b_lab = c[1].selectbox("Drafter B", choices, index=choices.index("dflash"), key="edr_b")
 go_btn = c[2].button("Compute", key="edr_run", type="primary", icon=":material/calculate:",
                      disabled=cfg is None or a_lab == b_lab, width="stretch",
                      help="Generates the model's greedy reply to the sidebar prompt (up to the "

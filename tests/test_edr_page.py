@@ -18,11 +18,18 @@ APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
 
 def test_prompt_mrp_equals_real_runs(tiny_target, tmp_path):
+    from specviz.drafters.dspark import add_markov_head
+
     model = new_dflash_for_target(tiny_target, num_layers=1, block_size=5, seed=2,
                                   target_layer_ids=[0, 1])
     save_dflash_checkpoint(model, tmp_path / "d")
+    add_markov_head(model, 4, seed=2)
+    with torch.no_grad():   # a head that really changes the drafts
+        model.markov_out.weight.normal_(0.0, 2.0, generator=torch.Generator().manual_seed(1))
+    save_dflash_checkpoint(model, tmp_path / "ds")
     specs = [DrafterSpec("pld", "pld", {}),
-             DrafterSpec("dflash", "dflash", {"cut": "off", "checkpoint": str(tmp_path / "d")})]
+             DrafterSpec("dflash", "dflash", {"cut": "off", "checkpoint": str(tmp_path / "d")}),
+             DrafterSpec("dspark", "dspark", {"cut": "off", "checkpoint": str(tmp_path / "ds")})]
     for ids in ([5, 9, 5, 9, 5, 9, 7], [3, 4, 5, 6, 3, 4, 5]):
         res = prompt_mrp(tiny_target, ids, specs, 20)
         assert res.rollout.tokens[:len(ids)] == ids
