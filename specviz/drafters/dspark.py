@@ -94,15 +94,21 @@ class DSparkDrafter(DFlashDrafter):
 
     name = "dspark"
 
-    def __init__(self, target=None, checkpoint: str | Path | None = None, **kw):
+    def __init__(self, target=None, checkpoint: str | Path | None = None,
+                 model: DFlashDraftModel | None = None, block_size: int | None = None,
+                 draft_temperature: float = 0.0, seed: int = 0,
+                 dtype: str | torch.dtype | None = None, device: str | None = None,
+                 cut: str = "auto"):
         if target is not None and (checkpoint is None or not str(checkpoint).strip()) \
-                and kw.get("model") is None:
+                and model is None:
             checkpoint = bundled_checkpoint(target, BUNDLED)
             if checkpoint is None:
                 raise SettingsError("dspark needs a trained DSpark drafter for this target: pass "
                                     "checkpoint=PATH (train finetune --markov-rank R); only the "
                                     "embedded SmolLM2-135M-Instruct has a bundled one")
-        super().__init__(target, checkpoint, **kw)
+        super().__init__(target, checkpoint, model=model, block_size=block_size,
+                         draft_temperature=draft_temperature, seed=seed, dtype=dtype,
+                         device=device, cut=cut)
 
     def draft_logits(self, tokens: list[int], k: int) -> tuple[torch.Tensor, list[int] | None]:
         m = self.model
