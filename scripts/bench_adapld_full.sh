@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Issue 14's full AdaPLD bench: code editing (MBPP rows 800-819, built by specviz.editset) +
+# Spec-Bench dev 10/category + 30 GSM8K + 30 MBPP, greedy, 64 new tokens. Usage (repo root):
+#   bash scripts/bench_adapld_full.sh results/bench_adapld_full_quiet
+set -euo pipefail
+. .venv/bin/activate
+export OMP_WAIT_POLICY=PASSIVE
+D=${SPECVIZ_DATA:-../shared/data}
+python -m specviz bench --methods ar,pld,adapld,adapld_lex \
+  --data edit:$D/mbpp.jsonl:20:800 --data $D/spec_bench_dev.jsonl:10 \
+  --data $D/gsm8k_train.jsonl:30 --data $D/mbpp.jsonl:30 \
+  --max-new-tokens 64 --out "${1:?output folder}"
