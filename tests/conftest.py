@@ -53,6 +53,20 @@ def finish_tiny_target(model, vocab_size: int, eos: int, name: str):
     return target_from_model(model, ToyTokenizer(vocab_size, eos), name=name)
 
 
+def make_tiny_rollouts(target, folder, n: int = 8, max_new_tokens: int = 24,
+                       holdout: float = 0.9999):
+    """Greedy rollouts (tapped layers 0 and 1) of ``n`` toy prompts in two categories."""
+    from specviz.bench import PromptItem
+    from specviz.train.rollouts import make_rollouts
+
+    items = [PromptItem(f"p{i}", "ab"[i % 2], " ".join(f"t{(i * 3 + j % 4) % 60 + 2}"
+                                                       for j in range(8 + i)), "x")
+             for i in range(n)]
+    make_rollouts(target, items, folder, max_new_tokens=max_new_tokens, layer_ids=[0, 1],
+                  holdout=holdout)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_target():
     return make_tiny_target()

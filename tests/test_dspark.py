@@ -24,7 +24,8 @@ from specviz.errors import SettingsError
 from specviz.models import ModelLoadError
 from specviz.train.rollouts import RolloutSet, make_rollouts
 
-from conftest import assert_same_law, first_two_token_counts, make_tiny_target
+from conftest import (assert_same_law, first_two_token_counts, make_tiny_rollouts,
+                      make_tiny_target)
 
 
 def _dspark(target, seed=0, block_size=5, rank=4, scale=0.0, draft_vocab=None):
@@ -90,7 +91,7 @@ def test_block_is_drafted_left_to_right(tiny_target):
     sess = Session(tiny_target, d, ids, DecodeSettings(max_new_tokens=4))
     logits, chain = d.draft_logits(list(ids), 4)
     head = tiny_target.model.get_output_embeddings()
-    base = model._draft_scores(d.last_hidden, head, None).float()
+    base = model.draft_scores(d.last_hidden, head, None).float()
     prev = [ids[-1]] + chain[:-1]
     for j in range(4):
         want = base[j] + model.markov_bias(torch.tensor(prev[j])).float()
@@ -140,11 +141,7 @@ def test_sampling_keeps_target_distribution():
 @pytest.fixture(scope="module")
 def rollouts(tmp_path_factory, tiny_target):
     d = tmp_path_factory.mktemp("dspark")
-    items = [PromptItem(f"p{i}", "ab"[i % 2], " ".join(f"t{(i * 3 + j % 4) % 60 + 2}"
-                                                       for j in range(8 + i)), "x")
-             for i in range(8)]
-    make_rollouts(tiny_target, items, d / "ro", max_new_tokens=24, layer_ids=[0, 1],
-                  holdout=0.9999)
+    make_tiny_rollouts(tiny_target, d / "ro")
     return d
 
 

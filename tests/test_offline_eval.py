@@ -16,15 +16,13 @@ from specviz.drafters.dflash import DFlashDrafter, new_dflash_for_target, save_d
 from specviz.errors import SettingsError, SpecvizError
 from specviz.train.rollouts import RolloutSet, make_rollouts
 
+from conftest import make_tiny_rollouts
+
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, tiny_target):
     d = tmp_path_factory.mktemp("offline")
-    items = [PromptItem(f"p{i}", "ab"[i % 2], " ".join(f"t{(i * 3 + j % 4) % 60 + 2}"
-                                                       for j in range(8 + i)), "x")
-             for i in range(8)]
-    make_rollouts(tiny_target, items, d / "ro", max_new_tokens=24, layer_ids=[0, 1],
-                  holdout=0.9999)
+    make_tiny_rollouts(tiny_target, d / "ro")
     model = new_dflash_for_target(tiny_target, num_layers=1, block_size=5, seed=3,
                                   target_layer_ids=[0, 1])
     save_dflash_checkpoint(model, d / "dd")

@@ -303,7 +303,7 @@ class DFlashDraftModel(nn.Module):
             return None
         return self.markov_out(self.markov_in(prev.to(self.markov_in.weight.device)))
 
-    def _draft_scores(self, h: torch.Tensor, head: nn.Module,
+    def draft_scores(self, h: torch.Tensor, head: nn.Module,
                       prev: torch.Tensor | None) -> torch.Tensor:
         """Scores [..., Vd] over the draft vocabulary (all words without one), plus the Markov
         bias of ``prev`` when the drafter has a Markov head."""
@@ -326,18 +326,22 @@ class DFlashDraftModel(nn.Module):
         """Logits [..., V] of final states ``h`` through the target's LM ``head``; with a draft
         vocabulary only those rows are computed and every other word gets -inf. ``prev`` (ids
         [...], the token before each slot) adds the Markov head's bias (DSpark)."""
-        sub = self._draft_scores(h, head, prev)
+        return self.full_vocab(self.draft_scores(h, head, prev), head.weight.shape[0])
+
+    def full_vocab(self, sub: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """Draft-vocabulary scores [..., Vd] as logits over all ``vocab_size`` words (-inf for
+        words outside the draft vocabulary; unchanged without one)."""
         if self.draft_vocab is None:
             return sub
-        out = sub.new_full((*sub.shape[:-1], head.weight.shape[0]), float("-inf"))
-        out[..., self._sub_head[1]] = sub
+        out = sub.new_full((*sub.shape[:-1], vocab_size), float("-inf"))
+        out[..., self.draft_vocab.to(sub.device)] = sub
         return out
 
     def slot_argmax(self, h: torch.Tensor, head: nn.Module,
                     prev: torch.Tensor | None = None) -> torch.Tensor:
         """argmax of :meth:`slot_logits` (token ids [...]) without building the full-vocabulary
         tensor: with a draft vocabulary only its rows are scored (offline evaluation)."""
-        top = self._draft_scores(h, head, prev).argmax(-1)
+        top = self.draft_scores(h, head, prev).argmax(-1)
         return top if self.draft_vocab is None else self._sub_head[1][top]
 
     def forward(self, block_emb: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
@@ -734,14 +738,18 @@ class DFlashDrafter(Drafter):
     def block_logits(self, tokens: list[int]) -> torch.Tensor:
         """Drafter logits [B-1, V] (float32) of slots 1..B-1 for the committed ``tokens``; the
         slots' final hidden states stay in ``self.last_hidden`` [B-1, H] until the next block."""
-        n = len(tokens)
-        tgt = self.target.model
         with self.target.lock, torch.inference_mode():
-            x = self.block_input(tokens)
-            h = self.model.forward_block(x, self._context_kv(), n - 1)[:, 1:]
-            self.last_hidden = h[0]
-            logits = self.model.slot_logits(h, tgt.get_output_embeddings())
-        return logits[0].float()
+            h = self.block_hidden(tokens)
+            logits = self.model.slot_logits(h, self.target.model.get_output_embeddings())
+        return logits.float()
+
+    def block_hidden(self, tokens: list[int]) -> torch.Tensor:
+        """Final hidden states [B-1, H] of slots 1..B-1 for the committed ``tokens`` (one
+        drafter forward; kept in ``self.last_hidden``). Call under the target's lock."""
+        x = self.block_input(tokens)
+        h = self.model.forward_block(x, self._context_kv(), len(tokens) - 1)[0, 1:]
+        self.last_hidden = h
+        return h
 
     def draft_logits(self, tokens: list[int], k: int) -> tuple[torch.Tensor, list[int] | None]:
         """(logits [k, V] of slots 1..k on the CPU, the drafted tokens when the drafter chose

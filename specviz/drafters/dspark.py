@@ -114,17 +114,10 @@ class DSparkDrafter(DFlashDrafter):
         m = self.model
         head = self.target.model.get_output_embeddings()
         with self.target.lock, torch.inference_mode():
-            h = m.forward_block(self.block_input(tokens), self._context_kv(), len(tokens) - 1)
-            h = h[0, 1:1 + k]
-            self.last_hidden = h
-            base = m._draft_scores(h, head, None)
+            base = m.draft_scores(self.block_hidden(tokens)[:k], head, None)
             rows, chain = chain_scores(m, base, tokens[-1], self.draft_temperature,
                                        self.generator)
-        if m.draft_vocab is None:
-            return rows.cpu(), chain
-        out = torch.full((rows.shape[0], head.weight.shape[0]), float("-inf"))
-        out[:, m.draft_vocab.cpu()] = rows.cpu()
-        return out, chain
+        return m.full_vocab(rows, head.weight.shape[0]).cpu(), chain
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "markov_rank": int(self.model.markov_rank)}
