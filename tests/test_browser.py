@@ -253,7 +253,7 @@ def _pick(page, key: str, option: str) -> None:
     """Choose ``option`` in the selectbox / multiselect with widget key ``key`` (a react-aria
     combobox; the rendered copy is the visible one)."""
     page.locator(f".st-key-{key} input[role='combobox'] >> visible=true").first.click()
-    page.get_by_role("option", name=option, exact=True).click()
+    page.get_by_role("option", name=option, exact=True).click(timeout=60_000)
     page.wait_for_selector(IDLE, timeout=120_000)
     page.keyboard.press("Escape")
 
@@ -333,6 +333,10 @@ def test_compare_chips_and_tampered_trace(server, browser, tmp_path):
         _open(page, server, "Compare methods")
         page.wait_for_selector(".st-key-cmp_methods", timeout=120_000)
         tags = ".st-key-cmp_methods [data-tag] >> visible=true"
+        # the default selection renders its chips a moment after the widget: read them only
+        # then (a chosen option is no longer offered in the list, so picking it again waits)
+        page.wait_for_selector(".st-key-cmp_methods [data-tag]", state="visible", timeout=60_000)
+        page.wait_for_selector(IDLE, timeout=120_000)
         for name in ("PLD", "AdaPLD", "DFlash"):
             if name not in [t.strip() for t in page.locator(tags).all_inner_texts()]:
                 _pick(page, "cmp_methods", name)
