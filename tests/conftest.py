@@ -183,3 +183,13 @@ def lossless_on_examples(target, method: str, n_per_category: int, allowed_ties:
     identical = sum(rep.identical for _, _, rep in runs)
     assert identical >= len(prompts) - allowed_ties, f"only {identical}/{len(prompts)} identical"
     return runs
+
+
+@pytest.fixture(autouse=True)
+def _fresh_adapld_experience():
+    """AdaPLD carries per-source experience across runs of one model in a process; every test
+    starts without any, so its outcome does not depend on which tests ran before it."""
+    from specviz.drafters.adapld_control import clear_experience
+
+    clear_experience()
+    yield

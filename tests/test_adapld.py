@@ -3,12 +3,14 @@ n-gram index, semantic windows), adaptive control, settings errors; one embedded
 import json
 from pathlib import Path
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from specviz.analysis.lossless import compare_outputs
 from specviz.drafters import METHODS, Draft, Drafter, make_drafter
+from specviz.drafters.adapld_control import SourceStats
 from specviz.drafters.adapld import (AdaPLDDrafter, NgramIndex, WindowIndex, lexical_candidates,
                                      semantic_candidates)
 from specviz.drafters.base import DraftContext, VerifyFeedback
@@ -33,8 +35,10 @@ class ChainDrafter(Drafter):
 
 
 # ------------------------------------------------------------------------------ lossless greedy
-CONFIGS = [("adapld", {}), ("adapld_lex", {}), ("adapld_sem", {}),
-           ("adapld", {"cost": "flat", "max_branches": 4})]
+# learn=False: each prompt starts from the prior (so trees keep being built on the tiny model,
+# which accepts little); test_experience_* cover the carried-over experience
+CONFIGS = [("adapld", {"learn": False}), ("adapld_lex", {}), ("adapld_sem", {}),
+           ("adapld", {"cost": "flat", "max_branches": 4, "learn": False})]
 
 
 def test_greedy_lossless_all_presets_with_real_trees(tiny_target):
@@ -361,7 +365,10 @@ def test_adaptive_turns_back_on_and_grows_on_repetition():
     assert not more[-1].extras["probe"] and more[-1].extras["retrieval"] == "lexical"  # back on
     lens = [r.extras["draft_len"] for r in drafted]
     assert lens[0] < drafter.max_draft and lens[-1] == drafter.max_draft  # grew to the cap
-    assert lens == sorted(lens)  # full acceptance only ever grows it
+    # the probe drafts what the prior would (2 on the steep "cpu" curve); after it, full
+    # acceptance only ever grows the draft
+    assert lens[0] == SourceStats().best_length(drafter.max_draft, drafter.cost_model)[0]
+    assert lens[1:] == sorted(lens[1:])
     # every round accepted its whole best-ranked branch
     assert all(r.accepted == len(r.extras["matches"][0]["tokens"]) for r in drafted)
 
@@ -471,3 +478,45 @@ def test_adapld_greedy_lossless_on_real_prompts(embedded_target):
     json.dumps([r.extras for _, ada, _ in runs for r in ada.rounds])
     accepted = sum(r.accepted for _, ada, _ in runs for r in ada.rounds)
     assert accepted > 40
+
+
+def _stub_target(name="stub"):
+    """What AdaPLD's experience record is keyed on (model, device, dtype; threads from torch)."""
+    return SimpleNamespace(name=name, device="cpu", dtype="torch.float32", eos_token_ids=[])
+
+
+def test_experience_carries_a_pause_to_the_next_prompt_of_the_same_model():
+    first = AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8)
+    first.begin(_stub_target(), PATTERN * 3)
+    rounds, _ = _synthetic_run(first, PATTERN * 3, 30, _reject, begin=False)
+    assert rounds[-1].extras["retrieval"] == "off" or rounds[-1].extras["probe"]
+
+    def opening(drafter, target):
+        drafter.begin(target, PATTERN * 3)
+        rs, _ = _synthetic_run(drafter, PATTERN * 3, 6, _reject, begin=False)
+        return [r.extras["retrieval"] for r in rs]
+
+    # same model: the failing sources start paused (no probe in the first rounds)
+    assert opening(AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8), _stub_target()) \
+        == ["off"] * 6
+    # learn=False, or another model: each starts from the prior and drafts at once
+    for drafter, target in ((AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8, learn=False),
+                             _stub_target()),
+                            (AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8),
+                             _stub_target("another"))):
+        assert opening(drafter, target)[0] == "lexical"
+    assert AdaPLDDrafter(learn=False).config()["learn"] is False
+
+
+def test_experience_carries_acceptance_estimates():
+    """A source that was always right starts the next prompt with its record's estimates (more
+    optimistic than the prior), not from the prior."""
+    first = AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8)
+    first.begin(_stub_target(), PATTERN * 3)
+    _synthetic_run(first, PATTERN * 3, 20, _follow_pattern, begin=False)
+    nxt = AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8)
+    nxt.begin(_stub_target(), PATTERN * 3)
+    src = next(s for s in first.stats if s.startswith("lex"))
+    st, prior = nxt.source_stats(src), SourceStats()
+    assert st.a1 > prior.a1 and st.a2 > prior.a2
+    assert abs(st.a1 - first.stats[src].a1) < 1e-9

@@ -73,9 +73,9 @@ import torch
 
 from ..errors import SettingsError
 from ..tree import TokenTree
-from ..costs import COST_CHOICES, cost_curve
+from ..costs import COST_CHOICES, cost_curve, model_key
 from .adapld_control import (EMA_DECAY, PROBE_GAPS, CopyFollower, SourceStats, continuation,
-                             harmonic)
+                             experience, harmonic, inherited, remember)
 from .base import Draft, DraftContext, Drafter, VerifyFeedback
 from .registry import MethodSpec, ParamSpec, params_by_name
 
@@ -96,6 +96,8 @@ ON_MARGIN = 0.03               # a draft must beat plain decoding by 3% of a ste
 #: estimate: an exact match of two or more tokens is the evidence lookup rests on, and one
 #: failing semantic source must not pause it before it was ever tried
 OWN_PRIOR = ("lex2", "lex3")
+PROBE_MAX = 64                 # longest probe draft (the prior's best length up to this)
+POOLED = "*"                   # the experience record's key for the pooled stats
 ALT_GAIN_PRIOR = 0.25          # prior extra accepted tokens per alternative branch (harmonic)
 ALT_GAIN_DRIFT = 0.02          # per chain round, alt_gain drifts back towards the prior
 _UNSET: Any = object()
@@ -126,6 +128,11 @@ PARAMS = params_by_name(
               help="What a longer verify costs, for the adaptive draft length: auto = measured "
                    "on the loaded model at start and refined from every round (flat on a GPU); "
                    "cpu = a fixed curve timed once on a busy 2-core CPU; flat = accelerators."),
+    ParamSpec("learn", bool, True, label="Carry experience across prompts",
+              help="Start each source where earlier runs of this model in this process left "
+                   "it (its acceptance, and whether it was paused), instead of from the same "
+                   "prior every prompt: a source that never pays on this machine is not "
+                   "re-probed from scratch on every prompt.", advanced=True),
     ParamSpec("max_copy", int, 64, range=(1, 256), label="Longest copy",
               help="A copy that keeps being accepted doubles its draft each round (up to this "
                    "many tokens); the first rejection falls back to the normal draft length. At "
@@ -463,7 +470,7 @@ class AdaPLDDrafter(Drafter):
                  sim_threshold: float | None = None, window: int = 8, adaptive: bool = True,
                  branches: bool = _UNSET, cost: str = "auto", ablation: str | None = None,
                  free_threshold: float | None = None, eos_token_ids: set[int] | None = None,
-                 max_copy: int = 64):
+                 max_copy: int = 64, learn: bool = True):
         if ablation is not None:
             key = str(ablation).strip().lower()
             if key not in ABLATIONS:
@@ -495,6 +502,8 @@ class AdaPLDDrafter(Drafter):
         self.cost = P["cost"].check(cost)
         self.cost_model = cost_curve(self.cost if self.cost != "auto" else "cpu")  # until begin
         self.max_copy = P["max_copy"].check(max_copy)
+        self.learn = P["learn"].check(learn)
+        self.record: dict[str, tuple] = {}
         self.eos_token_ids = set(eos_token_ids or ())
         self.fallback_reason: str | None = None
         if self.semantic == "minilm":
@@ -521,6 +530,15 @@ class AdaPLDDrafter(Drafter):
         self.windex = None
         self.fallback_reason = None
         self.cost_model = cost_curve(self.cost, target)
+        self.record = {}
+        if self.learn and target is not None:
+            try:
+                # one record per model and drafter settings (an ablation's sources behave
+                # differently: a chain is not a tree)
+                self.record = experience(model_key(target) + tuple(sorted(
+                    (k, str(v)) for k, v in self.config().items())))
+            except AttributeError:  # a stand-in target without name/device/dtype
+                pass
         if self.semantic != "off":
             fn = None
             if target is None:
@@ -538,6 +556,9 @@ class AdaPLDDrafter(Drafter):
                 self.windex = WindowIndex(self.window, fn)
                 self.windex.update(prompt_ids)  # the prompt's windows, once, with the prefill
         self._reset_state()
+        pooled = inherited(self.record, POOLED, 0) if self.learn else None
+        if pooled is not None:
+            self.pooled = pooled
 
     def config(self) -> dict[str, Any]:
         return {"max_ngram": self.max_ngram, "min_ngram": self.min_ngram,
@@ -546,7 +567,7 @@ class AdaPLDDrafter(Drafter):
                 "sim_threshold": self.sim_threshold,
                 "free_threshold": round(self.free_threshold, 4), "window": self.window,
                 "adaptive": self.adaptive, "branches": self.branches, "cost": self.cost,
-                "max_copy": self.max_copy, "ablation": self.ablation}
+                "max_copy": self.max_copy, "learn": self.learn, "ablation": self.ablation}
 
     # ------------------------------------------------------------------ retrieval
     def source_stats(self, source: str, round_index: int = 0) -> SourceStats:
@@ -555,6 +576,10 @@ class AdaPLDDrafter(Drafter):
         new kind of match does not get a fresh optimistic budget; if even that estimate does
         not pay, it starts switched off (first probe after 4 rounds)."""
         st = self.stats.get(source)
+        if st is None and self.learn:
+            st = inherited(self.record, source, round_index)
+            if st is not None:
+                self.stats[source] = st
         if st is None and source in OWN_PRIOR:
             st = self.stats[source] = SourceStats()
         if st is None:
@@ -569,7 +594,12 @@ class AdaPLDDrafter(Drafter):
 
     def _usable(self, source: str, round_index: int) -> bool:
         st = self.source_stats(source, round_index)
-        return not (self.adaptive and st.off and round_index < st.next_probe)
+        return not (self.adaptive and self._paused(st, round_index))
+
+    @staticmethod
+    def _paused(st: SourceStats, round_index: int) -> bool:
+        """Switched off and not yet due for a probe."""
+        return st.off and round_index < st.next_probe
 
     def retrieve(self, tokens: Sequence[int], length: int, round_index: int = 0
                  ) -> tuple[str, str, list[Candidate], list[int] | None]:
@@ -619,10 +649,10 @@ class AdaPLDDrafter(Drafter):
         if self.adaptive:
             d, _ = st.best_length(depth_cap, self.cost_model)
             if st.off:
-                if ctx.round_index < st.next_probe:
+                if self._paused(st, ctx.round_index):
                     return Draft(extras=self._extras("off", source, cands[:3], suffix, used=0))
-                probe = True
-                d = min(d, 2)
+                probe = True  # as long as the prior would draft: short where a longer
+                d = SourceStats().best_length(min(depth_cap, PROBE_MAX), self.cost_model)[0]
             max_alts = self.max_branches - 1 if self.branches and not probe else 0
         else:
             d = depth_cap
@@ -735,12 +765,12 @@ class AdaPLDDrafter(Drafter):
             first_acc = a
         self.follower.observe(pend.copy_from, first_len, first_acc, rnd.committed,
                               list(self.index.tokens) + list(rnd.committed))
+        self.pooled.update(first_acc, first_acc >= first_len)
+        remember(self.record, POOLED, self.pooled)
         if pend.source == "copy":  # a followed copy: its own streak, not a source's statistics
-            self.pooled.update(first_acc, first_acc >= first_len)
             return
         st = self.source_stats(pend.source, rnd.index)
         st.update(first_acc, first_acc >= first_len)
-        self.pooled.update(first_acc, first_acc >= first_len)
         if rnd.parents is not None and pend.n_alts:
             gain = max(0, a - first_acc) / harmonic(pend.n_alts)
             self.alt_gain = EMA_DECAY * self.alt_gain + (1.0 - EMA_DECAY) * gain
@@ -760,6 +790,7 @@ class AdaPLDDrafter(Drafter):
             st.gap = PROBE_GAPS[0]
             st.next_probe = rnd.index + 1 + st.gap
             st.gap = min(PROBE_GAPS[1], 2 * st.gap)
+        remember(self.record, pend.source, st)
 
 
 def _spec(name: str, display: str, description: str, ablation: str | None,

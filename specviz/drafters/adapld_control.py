@@ -72,6 +72,45 @@ class SourceStats:
             self.f1 += 1.0
 
 
+#: evidence a new run inherits from earlier runs of the same model on this machine, in rounds:
+#: enough to start a source where its record stands, little enough that the new prompt's own
+#: rounds outweigh it after a few rounds (prompts differ more than machines)
+EXPERIENCE_WEIGHT = 4.0
+INHERITED_GAP = 32  # an inherited pause keeps its back-off (measured: shorter gaps probe more than they win)
+_EXPERIENCE: dict[tuple, dict[str, tuple]] = {}
+
+
+def experience(key: tuple | None) -> dict[str, tuple]:
+    """The per-source record that runs of one model (``key``: :func:`specviz.costs.model_key`)
+    in this process share: ``source -> (a1, a2, off, gap)`` of the last run that used the
+    source. Like the verify-cost model, it is measured where it is used, not tuned anywhere."""
+    return _EXPERIENCE.setdefault(key or (), {})
+
+
+def clear_experience() -> None:
+    _EXPERIENCE.clear()
+
+
+def remember(store: dict[str, tuple], source: str, st: "SourceStats") -> None:
+    store[source] = (st.a1, st.a2, st.off, st.gap)
+
+
+def inherited(store: dict[str, tuple], source: str, round_index: int) -> "SourceStats | None":
+    """A source's starting stats from ``store`` (None when no earlier run used it): its
+    acceptance estimates with ``EXPERIENCE_WEIGHT`` rounds of weight, and, if it ended switched
+    off, switched off until a probe after its last probe gap."""
+    rec = store.get(source)
+    if rec is None:
+        return None
+    a1, a2, off, gap = rec
+    w = EXPERIENCE_WEIGHT
+    st = SourceStats(w * a1, w * (1 - a1), w * a2, w * (1 - a2))
+    if off:
+        st.off, st.gap = True, min(int(gap), INHERITED_GAP)
+        st.next_probe = round_index + st.gap
+    return st
+
+
 def continuation(tokens: Sequence[int], start: int, length: int, eos) -> list[int]:
     """Up to ``length`` tokens copied from ``start``, stopping before an EOS: what a copy from
     ``start`` drafts. A copy that reaches the end of the context continues with its own tokens
