@@ -486,7 +486,7 @@ def _stub_target(name="stub"):
 
 
 def test_experience_carries_a_pause_to_the_next_prompt_of_the_same_model():
-    first = AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8)
+    first = AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8, learn=True)
     first.begin(_stub_target(), PATTERN * 3)
     rounds, _ = _synthetic_run(first, PATTERN * 3, 30, _reject, begin=False)
     assert rounds[-1].extras["retrieval"] == "off" or rounds[-1].extras["probe"]
@@ -497,12 +497,12 @@ def test_experience_carries_a_pause_to_the_next_prompt_of_the_same_model():
         return [r.extras["retrieval"] for r in rs]
 
     # same model: the failing sources start paused (no probe in the first rounds)
-    assert opening(AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8), _stub_target()) \
+    assert opening(AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8, learn=True), _stub_target()) \
         == ["off"] * 6
     # learn=False, or another model: each starts from the prior and drafts at once
     for drafter, target in ((AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8, learn=False),
                              _stub_target()),
-                            (AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8),
+                            (AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8, learn=True),
                              _stub_target("another"))):
         assert opening(drafter, target)[0] == "lexical"
     assert AdaPLDDrafter(learn=False).config()["learn"] is False
@@ -511,10 +511,10 @@ def test_experience_carries_a_pause_to_the_next_prompt_of_the_same_model():
 def test_experience_carries_acceptance_estimates():
     """A source that was always right starts the next prompt with its record's estimates (more
     optimistic than the prior), not from the prior."""
-    first = AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8)
+    first = AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8, learn=True)
     first.begin(_stub_target(), PATTERN * 3)
     _synthetic_run(first, PATTERN * 3, 20, _follow_pattern, begin=False)
-    nxt = AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8)
+    nxt = AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8, learn=True)
     nxt.begin(_stub_target(), PATTERN * 3)
     src = next(s for s in first.stats if s.startswith("lex"))
     st, prior = nxt.source_stats(src), SourceStats()

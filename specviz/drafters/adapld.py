@@ -128,7 +128,7 @@ PARAMS = params_by_name(
               help="What a longer verify costs, for the adaptive draft length: auto = measured "
                    "on the loaded model at start and refined from every round (flat on a GPU); "
                    "cpu = a fixed curve timed once on a busy 2-core CPU; flat = accelerators."),
-    ParamSpec("learn", bool, True, label="Carry experience across prompts",
+    ParamSpec("learn", bool, False, label="Carry experience across prompts",
               help="Start each source where earlier runs of this model in this process left "
                    "it (its acceptance, and whether it was paused), instead of from the same "
                    "prior every prompt: a source that never pays on this machine is not "
@@ -470,7 +470,7 @@ class AdaPLDDrafter(Drafter):
                  sim_threshold: float | None = None, window: int = 8, adaptive: bool = True,
                  branches: bool = _UNSET, cost: str = "auto", ablation: str | None = None,
                  free_threshold: float | None = None, eos_token_ids: set[int] | None = None,
-                 max_copy: int = 64, learn: bool = True):
+                 max_copy: int = 64, learn: bool = False):
         if ablation is not None:
             key = str(ablation).strip().lower()
             if key not in ABLATIONS:
@@ -703,8 +703,9 @@ class AdaPLDDrafter(Drafter):
         self.index.sync(tokens)
         if fol.pointer is None:
             fol.pointer = fol.resync(tokens, self.max_ngram)
-        cont = fol.continuation(tokens, min(fol.length(self.max_draft, self.cost_model),
-                                            int(ctx.max_draft)), self.eos_token_ids)
+        cont = fol.continuation(tokens, min(fol.length(self.max_draft, self.cost_model,
+                                                       ON_MARGIN), int(ctx.max_draft)),
+                                self.eos_token_ids)
         if not cont:
             fol.pointer, fol.streak = None, 0
             return None

@@ -155,11 +155,15 @@ class CopyFollower:
     stats: SourceStats = field(default_factory=lambda: SourceStats(*COPY_PRIOR))
     _drafted: int = 0  # length of the copy drafted this round (0: this round did not follow)
 
-    def length(self, base: int, cost: CostModel) -> int:
+    def length(self, base: int, cost: CostModel, margin: float = 0.0) -> int:
         """Draft length of a followed copy: at most ``base`` doubled per round of the streak
-        (up to ``max_copy``), and no longer than pays for itself under ``cost``."""
+        (up to ``max_copy``), and no longer than pays for itself under ``cost``. A copy
+        re-found after a break (no streak: a guess) is drafted only while the copy's record
+        beats plain decoding by ``margin``; else 0 (the round goes to the search and its
+        control)."""
         cap = min(self.max_copy, base * 2 ** min(self.streak, 6))
-        return self.stats.best_length(cap, cost)[0] if self.streak else cap
+        d, thr = self.stats.best_length(cap, cost)
+        return d if self.streak or thr >= 1.0 + margin else 0
 
     def resync(self, tokens: Sequence[int], max_n: int = 4) -> int | None:
         """Re-find an interrupted copy near its anchor: the position right after the longest
