@@ -76,7 +76,6 @@ class SourceStats:
 #: enough to start a source where its record stands, little enough that the new prompt's own
 #: rounds outweigh it after a few rounds (prompts differ more than machines)
 EXPERIENCE_WEIGHT = 4.0
-INHERITED_GAP = 32  # an inherited pause keeps its back-off (measured: shorter gaps probe more than they win)
 _EXPERIENCE: dict[tuple, dict[str, tuple]] = {}
 
 
@@ -106,7 +105,9 @@ def inherited(store: dict[str, tuple], source: str, round_index: int) -> "Source
     w = EXPERIENCE_WEIGHT
     st = SourceStats(w * a1, w * (1 - a1), w * a2, w * (1 - a2))
     if off:
-        st.off, st.gap = True, min(int(gap), INHERITED_GAP)
+        # the pause keeps its back-off (offline: capping it at 4 or 8 rounds probed more than
+        # it won)
+        st.off, st.gap = True, int(gap)
         st.next_probe = round_index + st.gap
     return st
 
