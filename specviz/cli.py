@@ -298,7 +298,12 @@ def cmd_eval(args) -> int:
         res["real"] = real_rounds(target, rs, specs, args.real)
         for lab, r in res["real"].items():
             off = [row[f"edr:{lab}"] for row in res["rows"][:r["rollouts"]]]
-            r["equals_offline"] = sum(abs(a - b) < 1e-6 for a, b in zip(r["rounds"], off))
+            if rs.temperature > 0:   # each real run is a new random rollout: compare means
+                r["equals_offline"] = None
+                r["mean_rounds_real"] = sum(r["rounds"]) / max(1, len(r["rounds"]))
+                r["mean_rounds_offline"] = sum(off) / max(1, len(off))
+            else:
+                r["equals_offline"] = sum(abs(a - b) < 1e-6 for a, b in zip(r["rounds"], off))
             r["seconds_extrapolated"] = r["seconds"] * n / max(1, r["rollouts"])
         real_s = sum(r["seconds_extrapolated"] for r in res["real"].values())
         res["speedup_offline_vs_real"] = real_s / max(1e-9, sum(res["seconds_offline"].values()))

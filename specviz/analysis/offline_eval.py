@@ -4,7 +4,11 @@ confidence intervals -- no speculative decoding, no target forward.
 
 Per rollout and drafter: the draft at every state n (:func:`state_drafts`; for DFlash all states
 in a few batched drafter forwards, :func:`dflash_state_drafts`), greedy acceptance against the
-rollout, and :func:`specviz.analysis.edr.evaluate`. For drafters that are deterministic and
+rollout, and :func:`specviz.analysis.edr.evaluate`. On rollouts SAMPLED at T > 0 (which store
+the target's p(y_t)) the block drafters draft at the same temperature and their acceptance is
+the sampled one, a[n, t] = min(1, q_T(y) / p(y)) (:func:`sampled_state_acceptance`); a
+deterministic drafter (PLD) keeps the 0/1 acceptance, which is what min(1, q/p) is for a
+one-hot q. For drafters that are deterministic and
 Markov in n (PLD, DFlash and DSpark with ``cut="off"``) the expected rounds equal the rounds of a real
 greedy speculative run on the rollout's prompt exactly (tested; :func:`real_rounds` checks it on
 a sample). Drafters with a memory of earlier rounds are refused: AdaPLD's statistics and the
@@ -107,6 +111,32 @@ def check_rollouts(target, rollout_set, drafters: dict) -> None:
                                f"--layers {','.join(map(str, ids))}")
 
 
+@torch.no_grad()
+def sampled_state_acceptance(model, target, tokens: torch.Tensor, hidden: torch.Tensor,
+                             prompt_len: int, p_reply: torch.Tensor, temperature: float,
+                             block_size: int | None = None) -> torch.Tensor:
+    """Sampled acceptance a [L, k] of a DFlash / DSpark drafter drafting at ``temperature`` on
+    a sampled rollout (its per-token target probabilities ``p_reply``), all states batched."""
+    from ..train.dflash_train import sequence_context
+    from ..train.edr_train import all_state_acceptance
+
+    a = all_state_acceptance(model, target, tokens, sequence_context(model, hidden,
+                                                                     int(tokens.shape[0])),
+                             prompt_len, p_reply, temperature)
+    return a[:, :(block_size or model.block_size) - 1]
+
+
+def acceptance_for(spec: DrafterSpec, drafter, target, rollout_set, i: int) -> torch.Tensor:
+    """The acceptance matrix of a drafter on rollout ``i``: sampled for block drafters on
+    sampled rollouts, else greedy (0/1) from its drafts at every state."""
+    t, h, p = rollout_set.load(i)
+    pr = rollout_set.target_p(i)
+    if pr is not None and spec.method in BLOCK_DRAFTERS:
+        return sampled_state_acceptance(drafter.model, target, t, h, p, pr,
+                                        rollout_set.temperature, drafter.block_size)
+    return greedy_acceptance(drafts_for(spec, drafter, target, rollout_set, i), t[p:].tolist())
+
+
 def drafts_for(spec: DrafterSpec, drafter, target, rollout_set, i: int) -> list[list[int]]:
     """The drafts at every state of rollout ``i`` (batched for DFlash)."""
     t, h, p = rollout_set.load(i)
@@ -171,7 +201,10 @@ def offline_compare(target, rollout_set, specs: list[DrafterSpec], limit: int | 
     n = len(rollout_set) if limit is None else min(limit, len(rollout_set))
     if n == 0:
         raise SpecvizError("no rollouts to evaluate (empty folder or split)")
-    drafters = {s.label: make_drafter(s.method, target, **s.params) for s in specs}
+    T = rollout_set.temperature
+    drafters = {s.label: make_drafter(s.method, target, **dict(s.params, **(
+        {"draft_temperature": T} if T > 0 and s.method in BLOCK_DRAFTERS else {})))
+        for s in specs}
     check_rollouts(target, rollout_set, drafters)
     rows, secs = [], {s.label: 0.0 for s in specs}
     for i in range(n):
@@ -183,8 +216,7 @@ def offline_compare(target, rollout_set, specs: list[DrafterSpec], limit: int | 
             "category", ""), "tokens": len(y), "prompt_len": p}
         for s in specs:
             t0 = time.perf_counter()
-            drafts = drafts_for(s, drafters[s.label], target, rollout_set, i)
-            res = evaluate(greedy_acceptance(drafts, y))
+            res = evaluate(acceptance_for(s, drafters[s.label], target, rollout_set, i))
             secs[s.label] += time.perf_counter() - t0
             row[f"edr:{s.label}"] = res.edr
         rows.append(row)
@@ -196,22 +228,28 @@ def offline_compare(target, rollout_set, specs: list[DrafterSpec], limit: int | 
 
 
 def real_rounds(target, rollout_set, specs: list[DrafterSpec], n: int) -> dict:
-    """Real greedy speculative runs of each drafter on the first ``n`` rollouts' prompts:
-    rounds, wall seconds, and whether the rounds equal the offline expected rounds."""
+    """Real speculative runs of each drafter on the first ``n`` rollouts' prompts: rounds, wall
+    seconds, and how many produced the rollout's text. Greedy rollouts: greedy runs, whose
+    rounds must equal the offline expected rounds. Sampled rollouts: runs sampled at the
+    rollouts' temperature (block drafters drafting at it too, seed = rollout index); each is a
+    fresh random rollout, so only the means compare."""
     from ..drafters import make_drafter
     from ..engine import DecodeSettings, Session
 
     out = {}
+    T = rollout_set.temperature
     for s in specs:
         secs, rounds = 0.0, []
+        params = dict(s.params, **({"draft_temperature": T}
+                                   if T > 0 and s.method in BLOCK_DRAFTERS else {}))
         for i in range(min(n, len(rollout_set))):
             t, _, p = rollout_set.load(i)
             L = int(t.shape[0]) - p
             if L <= 0:
                 continue
             t0 = time.perf_counter()
-            tr = Session(target, make_drafter(s.method, target, **s.params), t[:p].tolist(),
-                         DecodeSettings(max_new_tokens=L)).run()
+            tr = Session(target, make_drafter(s.method, target, **params), t[:p].tolist(),
+                         DecodeSettings(max_new_tokens=L, temperature=T, seed=i)).run()
             secs += time.perf_counter() - t0
             rounds.append((tr.num_rounds, tr.output_ids == t[p:].tolist()))
         out[s.label] = {"rollouts": len(rounds), "seconds": secs,

@@ -1,23 +1,29 @@
 """Fine-tuning a DFlash drafter to minimise expected decoding rounds (METHODS §4, EDR), or with
 the block-local baselines, from the same initial weights for the same steps.
 
-Per rollout y (a stored greedy target rollout with its tapped features) and objective:
+Per rollout y (a stored target rollout with its tapped features) and objective:
 
-* ``edr``: the acceptance matrix a[n, t] = q_n,t(y[n+t-1]) of EVERY state n (the drafter's
-  probability of the rollout token in slot t of the block drafted at state n -- a smooth
-  stand-in for greedy acceptance, whose gradient is zero almost everywhere) is computed once
-  without grad; occupancies d and values V follow exactly (:mod:`specviz.analysis.edr`).
-  ``num_starts`` round starts are drawn with probability d[n] / sum(d) and recomputed WITH
-  grad; the Horvitz-Thompson-weighted TD surrogate (:func:`specviz.train.objectives.round_terms`,
-  weight sum(d) / num_starts) has the exact EDR gradient in expectation.
+* ``edr``: the acceptance matrix a[n, t] of EVERY state n is computed once without grad;
+  occupancies d and values V follow exactly (:mod:`specviz.analysis.edr`). ``num_starts``
+  round starts are drawn with probability d[n] / sum(d) and recomputed WITH grad; the
+  Horvitz-Thompson-weighted TD surrogate (:func:`specviz.train.objectives.round_terms`, weight
+  sum(d) / num_starts) has the exact EDR gradient in expectation. The acceptance is
+  - *sampled* (METHODS §4, what the paper trains with) on rollouts sampled at T > 0, which
+    store the target's p(y_t): a[n, t] = min(1, q_T(y[n+t-1]) / p(y[n+t-1])) with q_T the
+    drafter's softmax at the same temperature -- exactly the probability that slot t of a
+    sampled speculative round was an accepted draft, given the target's token there was y
+    (:func:`specviz.analysis.edr.sampled_acceptance`). Its gradient is the paper's
+    coefficient a * 1[q < p] on grad log q(y), through autograd;
+  - *relaxed* on greedy rollouts: a[n, t] = q(y[n+t-1]), a smooth stand-in for greedy
+    acceptance (whose gradient is zero almost everywhere).
 * ``decay_ce``: DFlash's slot-weighted CE (weights exp(-(k-1)/gamma), as
   :func:`specviz.train.dflash_train.sequence_loss`) at ``num_starts`` uniformly drawn states,
-  over the same draft-vocabulary softmax as ``edr`` -- the block-local baseline.
+  over the same draft-vocabulary softmax (and temperature) as ``edr`` -- the block-local
+  baseline.
 * ``survival``: 1 - mean prefix survival at ``num_starts`` uniformly drawn states.
 
-Greedy rollouts only: sampled acceptance min(1, q/p) needs the target's p(y) stored with
-sampled rollouts, which the rollouts format does not hold yet.
-Eval: exact offline expected rounds on held-out rollouts (:mod:`specviz.analysis.offline_eval`).
+Eval: exact offline expected rounds on held-out rollouts (:mod:`specviz.analysis.offline_eval`),
+greedy on greedy rollouts and sampled on sampled ones.
 """
 from __future__ import annotations
 
@@ -33,7 +39,7 @@ from ..analysis.edr import evaluate, greedy_acceptance, occupancy, values
 from ..errors import SettingsError, SpecvizError
 from .dflash_train import (_lr_lambda, _save, block_embeddings, forward_blocks, sequence_context,
                            slot_weights)
-from .objectives import check_objective, round_terms, survival_surrogate
+from .objectives import acceptance_from_probs, check_objective, round_terms, survival_surrogate
 from .rollouts import RolloutSet
 
 LOG_NAME = "train_log.jsonl"
@@ -69,10 +75,12 @@ class EDRTrainConfig:
 
 
 def state_logprobs(model, target, tokens: torch.Tensor, ctx_kv, prompt_len: int,
-                   states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                   states: torch.Tensor, temperature: float = 1.0
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(log q_{n_s, t}(y[n_s + t - 1]) [S, B-1], valid [S, B-1]): the drafter's log-probability
-    (over its draft vocabulary, as at inference) of the rollout token in slot t of the block at
-    state n_s; invalid past the rollout's end or for a word outside the draft vocabulary."""
+    (over its draft vocabulary at ``temperature``, as at inference) of the rollout token in slot
+    t of the block at state n_s; invalid past the rollout's end or for a word outside the draft
+    vocabulary."""
     T, P, B = int(tokens.shape[0]), int(prompt_len), model.block_size
     anchors = P - 1 + states
     h = forward_blocks(model, block_embeddings(model, target, tokens[anchors], B), anchors,
@@ -81,32 +89,58 @@ def state_logprobs(model, target, tokens: torch.Tensor, ctx_kv, prompt_len: int,
     prev = tokens[(pos - 1).clamp(max=T - 1)]   # DSpark's Markov head, teacher-forced
     logits = model.slot_logits(h, target.model.get_output_embeddings(), prev=prev).float()
     y = tokens[pos.clamp(max=T - 1)].to(logits.device)
-    lp = torch.log_softmax(logits, -1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
+    lp = torch.log_softmax(logits / temperature, -1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
     ok = (pos < T).to(lp.device) & torch.isfinite(lp)
     return torch.where(ok, lp, torch.zeros_like(lp)), ok
 
 
+def slot_target_p(p_reply: torch.Tensor, states: torch.Tensor, k: int) -> torch.Tensor:
+    """p(y[n_s + t - 1]) [S, k] for slots t = 1..k of the blocks at ``states`` from a sampled
+    rollout's per-reply-token target probabilities (1 past the reply's end: masked anyway)."""
+    idx = states.view(-1, 1) + torch.arange(k).view(1, -1)
+    ok = idx < p_reply.shape[0]
+    return torch.where(ok, p_reply[idx.clamp(max=p_reply.shape[0] - 1)],
+                       torch.ones((), dtype=p_reply.dtype))
+
+
 def state_acceptance(model, target, tokens: torch.Tensor, ctx_kv, prompt_len: int,
-                     states: torch.Tensor) -> torch.Tensor:
-    """a[s, t] = the drafter's probability of y[n_s + t - 1] in slot t of the block at state
-    n_s (0 past the rollout's end or outside the draft vocabulary); differentiable."""
-    lp, ok = state_logprobs(model, target, tokens, ctx_kv, prompt_len, states)
-    return torch.where(ok, lp.exp(), torch.zeros_like(lp))
+                     states: torch.Tensor, p_reply: torch.Tensor | None = None,
+                     temperature: float = 1.0) -> torch.Tensor:
+    """a[s, t] for slot t of the block at state n_s (0 past the rollout's end or outside the
+    draft vocabulary); differentiable. Greedy rollouts (``p_reply`` None): the relaxed
+    a = q(y). Sampled rollouts: a = min(1, q_T(y) / p(y)) (:func:`acceptance_from_probs`)."""
+    lp, ok = state_logprobs(model, target, tokens, ctx_kv, prompt_len, states,
+                            temperature if p_reply is not None else 1.0)
+    q = torch.where(ok, lp.exp(), torch.zeros_like(lp))
+    if p_reply is None:
+        return q
+    return acceptance_from_probs(q, slot_target_p(p_reply, states, q.shape[-1]).to(q))
+
+
+def all_state_acceptance(model, target, tokens, ctx_kv, prompt_len: int,
+                         p_reply: torch.Tensor | None = None, temperature: float = 1.0,
+                         chunk: int = 128) -> torch.Tensor:
+    """a [L, B-1] (float64) of every state of a rollout, in chunks of ``chunk`` states."""
+    L = int(tokens.shape[0]) - int(prompt_len)
+    return torch.cat([state_acceptance(model, target, tokens, ctx_kv, prompt_len,
+                                       torch.arange(s, min(L, s + chunk)), p_reply, temperature)
+                      for s in range(0, L, chunk)]).double()
 
 
 def edr_loss(model, target, tokens, hidden, prompt_len: int, num_starts: int,
-             gen: torch.Generator) -> tuple[torch.Tensor, float]:
-    """(TD surrogate with the exact EDR gradient in expectation, EDR of a) for one rollout."""
+             gen: torch.Generator, p_reply: torch.Tensor | None = None,
+             temperature: float = 1.0) -> tuple[torch.Tensor, float]:
+    """(TD surrogate with the exact EDR gradient in expectation, EDR of a) for one rollout;
+    sampled acceptance when ``p_reply`` (the rollout's p(y_t)) is given."""
     T, P = int(tokens.shape[0]), int(prompt_len)
-    L = T - P
     ctx_kv = sequence_context(model, hidden, T)
     with torch.no_grad():
-        a0 = torch.cat([state_acceptance(model, target, tokens, ctx_kv, P, torch.arange(s, min(L, s + 128)))
-                        for s in range(0, L, 128)]).double()
+        a0 = all_state_acceptance(model, target, tokens, ctx_kv, P, p_reply, temperature)
         V, d = values(a0), occupancy(a0)
     idx = torch.multinomial(d.float(), num_starts, replacement=True, generator=gen)
     uniq, inv = idx.unique(return_inverse=True)
-    rows = state_acceptance(model, target, tokens, ctx_kv, P, uniq).double()
+    rows = state_acceptance(model, target, tokens, ctx_kv, P, uniq, p_reply,
+                            temperature).double()
     a = a0.index_put((uniq,), rows)
     g = round_terms(a, V)
     w = float(d.sum()) / num_starts
@@ -114,22 +148,29 @@ def edr_loss(model, target, tokens, hidden, prompt_len: int, num_starts: int,
 
 
 def objective_loss_for(cfg: EDRTrainConfig, model, target, tokens, hidden, prompt_len: int,
-                       weights, rng: random.Random, gen: torch.Generator) -> torch.Tensor:
+                       weights, rng: random.Random, gen: torch.Generator,
+                       p_reply: torch.Tensor | None = None,
+                       temperature: float = 1.0) -> torch.Tensor:
+    """The loss of ``cfg.objective`` on one rollout (sampled acceptance with ``p_reply``)."""
     if cfg.objective == "edr":
-        return edr_loss(model, target, tokens, hidden, prompt_len, cfg.num_starts, gen)[0]
+        return edr_loss(model, target, tokens, hidden, prompt_len, cfg.num_starts, gen,
+                        p_reply, temperature)[0]
     T, P = int(tokens.shape[0]), int(prompt_len)
     states = torch.tensor(sorted(rng.sample(range(T - P), min(cfg.num_starts, T - P))))
     ctx_kv = sequence_context(model, hidden, T)
     if cfg.objective == "decay_ce":   # DFlash's slot-weighted CE, same softmax support as edr
-        lp, ok = state_logprobs(model, target, tokens, ctx_kv, P, states)
+        lp, ok = state_logprobs(model, target, tokens, ctx_kv, P, states,
+                                temperature if p_reply is not None else 1.0)
         w = weights.view(1, -1).to(lp.device) * ok
         return -(lp * w).sum() / w.sum().clamp_min(1e-9)
-    return survival_surrogate(state_acceptance(model, target, tokens, ctx_kv, P, states))
+    return survival_surrogate(state_acceptance(model, target, tokens, ctx_kv, P, states,
+                                               p_reply, temperature))
 
 
 @torch.no_grad()
 def offline_edr(model, target, rollouts: RolloutSet, limit: int) -> dict:
-    """Exact expected rounds (greedy) of the drafter on held-out rollouts."""
+    """Exact expected rounds of the drafter on held-out rollouts: greedy acceptance on greedy
+    rollouts, sampled acceptance (drafting at the rollouts' temperature) on sampled ones."""
     from ..analysis.offline_eval import dflash_state_drafts
 
     was = model.training
@@ -141,7 +182,13 @@ def offline_edr(model, target, rollouts: RolloutSet, limit: int) -> dict:
         y = t[p:].tolist()
         if not y:
             continue
-        r = evaluate(greedy_acceptance(dflash_state_drafts(model, target, t, h, p), y))
+        pr = rollouts.target_p(i)
+        if pr is None:
+            a = greedy_acceptance(dflash_state_drafts(model, target, t, h, p), y)
+        else:
+            a = all_state_acceptance(model, target, t, sequence_context(model, h, t.shape[0]),
+                                     p, pr, rollouts.temperature)
+        r = evaluate(a)
         edr, toks = edr + r.edr, toks + len(y)
         per.append(r.edr)
     model.train(was)
@@ -195,10 +242,12 @@ def finetune(target, model, rollouts_dir, eval_dir, out, cfg: EDRTrainConfig,
             if not order:
                 order = list(range(len(train)))
                 rng.shuffle(order)
-            t, h, p = train.load(order.pop())
+            i = order.pop()
+            t, h, p = train.load(i)
             if int(t.shape[0]) - p < 2:
                 continue
-            loss = objective_loss_for(cfg, model, target, t, h, p, weights, rng, gen) / cfg.batch_size
+            loss = objective_loss_for(cfg, model, target, t, h, p, weights, rng, gen,
+                                      train.target_p(i), train.temperature) / cfg.batch_size
             loss.backward()
             tot += float(loss)
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
@@ -219,7 +268,10 @@ def finetune(target, model, rollouts_dir, eval_dir, out, cfg: EDRTrainConfig,
     if bar is not None:
         bar.close()
     _save(model, opt, sched, cfg.steps, cfg, out, rng, {"model": train.meta.get("model")})
-    (out / "finetune.json").write_text(json.dumps({"config": asdict(cfg), "evals": evals},
+    acceptance = (f"sampled (T={train.temperature:g})" if train.temperature > 0
+                  else "relaxed q(y) on greedy rollouts")
+    (out / "finetune.json").write_text(json.dumps({"config": asdict(cfg), "evals": evals,
+                                                   "acceptance": acceptance},
                                                   indent=2) + "\n")
-    return {"out": str(out), "losses": hist, "evals": evals,
+    return {"out": str(out), "losses": hist, "evals": evals, "acceptance": acceptance,
             "seconds": time.perf_counter() - t0}

@@ -13,7 +13,10 @@ On disk (``out/``):
 * ``meta.json``: model, tapped ``target_layer_ids``, hidden size, storage dtype, settings;
 * ``shard-NNNNN.safetensors`` (one per batch): per rollout ``{name}.tokens`` int32 [T] (prompt +
   reply ids) and ``{name}.hidden`` [T, k*H] (the k tapped layers concatenated in id order --
-  exactly the drafter's context features -- float16 by default);
+  exactly the drafter's context features -- float16 by default); sampled rollouts
+  (``temperature > 0``) also store ``{name}.p`` float32 [reply length], the target's probability
+  p(y_t) of each sampled reply token at that temperature -- what EDR's sampled acceptance
+  min(1, q(y_t) / p(y_t)) needs (METHODS §4);
 * ``manifest.jsonl``: one line per rollout: key, id, category, source, split (train / eval by a
   deterministic hash of the key), shard, name, prompt_len, reply_len, stop (eos / max_new_tokens).
 
@@ -85,6 +88,7 @@ class BatchResult:
     replies: list[list[int]]       # generated ids per prompt (EOS included when hit)
     hidden: list[torch.Tensor]     # [len(prompt) + len(reply), k*H] per prompt
     stops: list[str]               # "eos" / "max_new_tokens" / "context"
+    probs: list[list[float]] | None = None  # sampled: p(y_t) of each reply token, else None
 
 
 @torch.inference_mode()
@@ -122,11 +126,16 @@ def generate_batch(target, prompts: list[list[int]], max_new_tokens: int, layer_
     def feats(out) -> torch.Tensor:  # [b, t, k*H] on CPU in the storage dtype
         return torch.cat([out.hidden_states[i] for i in taps], -1).to("cpu", store_dtype)
 
+    sampled = bool(temperature and temperature > 0)
+    picked_p: list[torch.Tensor] = []   # p(token) of every row at every step (sampled)
+
     def pick(logits: torch.Tensor) -> torch.Tensor:
         logits = logits.float()
-        if temperature and temperature > 0:
+        if sampled:
             probs = torch.softmax(logits / temperature, -1).cpu()
-            return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            tok = torch.multinomial(probs, 1, generator=generator)
+            picked_p.append(probs.gather(-1, tok).squeeze(-1))
+            return tok.squeeze(-1)
         return logits.argmax(-1).cpu()
 
     out = forward(ids, mask, pos)
@@ -167,7 +176,10 @@ def generate_batch(target, prompts: list[list[int]], max_new_tokens: int, layer_
             break
         nxt = pick(out.logits[:, -1])
     hidden = [torch.cat(c, 0) for c in chunks]
-    return BatchResult(replies=replies, hidden=hidden, stops=stops)
+    probs = None
+    if sampled:   # step s picked every row's s-th reply token
+        probs = [[float(picked_p[s][i]) for s in range(len(replies[i]))] for i in range(b)]
+    return BatchResult(replies=replies, hidden=hidden, stops=stops, probs=probs)
 
 
 # --------------------------------------------------------------------------- the store
@@ -255,6 +267,31 @@ class RolloutSet:
                                f"({toks.shape[0]} tokens, {hid.shape[0]} feature rows, prompt "
                                f"length {r['prompt_len']})")
         return toks, hid, int(r["prompt_len"])
+
+    @property
+    def temperature(self) -> float:
+        """The sampling temperature the replies were generated at (0 = greedy)."""
+        return float(self.meta.get("temperature") or 0.0)
+
+    def target_p(self, i: int) -> torch.Tensor | None:
+        """p(y_t) float64 [reply length] of a sampled rollout (the target's probability of each
+        reply token at the sampling temperature); None for greedy rollouts."""
+        if self.temperature <= 0:
+            return None
+        toks, _, p = self.load(i)
+        f = self._open[self.rows[i]["shard"]]
+        try:
+            out = f.get_tensor(self.rows[i]["name"] + ".p").double()
+        except Exception as exc:
+            raise SpecvizError(f"rollout {self.rows[i].get('key')} in {self.folder} was sampled "
+                               f"at temperature {self.temperature} but stores no target "
+                               "probabilities p(y): regenerate it with this version of "
+                               "`python -m specviz train rollouts`") from exc
+        if out.shape[0] != toks.shape[0] - p:
+            raise SpecvizError(f"rollout {self.rows[i].get('key')} in {self.folder} has "
+                               f"{out.shape[0]} target probabilities for {toks.shape[0] - p} "
+                               "reply tokens: the shard is inconsistent")
+        return out
 
     def greedy(self, i: int) -> torch.Tensor | None:
         """The stored greedy next token at every position (prefill-labelled texts,
@@ -345,6 +382,8 @@ def make_rollouts(target, items: list, out: str | Path, max_new_tokens: int = 25
             assert hid.shape[0] == toks.shape[0], (hid.shape, toks.shape)
             tensors[name + ".tokens"] = toks
             tensors[name + ".hidden"] = hid.contiguous()
+            if res.probs is not None:
+                tensors[name + ".p"] = torch.tensor(res.probs[j], dtype=torch.float32)
             lines.append({"key": key, "id": str(it.id), "category": getattr(it, "category", ""),
                           "source": getattr(it, "source", ""), "split": split_of(key, holdout),
                           "shard": shard, "name": name, "prompt_len": len(ids),
