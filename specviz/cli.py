@@ -251,7 +251,7 @@ def cmd_train_retrace(args) -> int:
     cfg = ReTraceTrainConfig(steps=args.steps, batch_size=args.batch_size,
                              anchors_per_seq=args.anchors_per_seq, lr=args.lr, gamma=args.gamma,
                              eval_every=args.eval_every, eval_sequences=args.eval_sequences,
-                             seed=args.seed).validate()
+                             seed=args.seed, backbone_lr=args.backbone_lr).validate()
     for d in list(args.data) + ([args.eval] if args.eval else []):
         read_meta(d)  # a missing / wrong folder fails before the model loads
     target = load_target(args.model, device=args.device, dtype="float32")
@@ -526,7 +526,8 @@ def _add_train_dflash(tsub) -> None:
 
 
 def _add_train_retrace(tsub) -> None:
-    p = tsub.add_parser("retrace", help="train a ReTrace fusion on a frozen DFlash backbone")
+    p = tsub.add_parser("retrace", help="train a ReTrace fusion on a DFlash backbone (frozen, "
+                        "or fine-tuned jointly with --backbone-lr)")
     p.add_argument("--data", action="append", required=True,
                    help="rollouts (train split) or prefill folder; repeatable")
     p.add_argument("--eval", default=None, help="rollouts folder whose eval split is held out")
@@ -541,6 +542,9 @@ def _add_train_retrace(tsub) -> None:
     p.add_argument("--gamma", type=float, default=4.0)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--eval-sequences", type=int, default=24)
+    p.add_argument("--backbone-lr", type=float, default=0.0,
+                   help="> 0: fine-tune the backbone jointly at this learning rate (saved in "
+                        "the checkpoint's backbone/ folder); 0 = frozen backbone (default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true")
     p.set_defaults(func=cmd_train_retrace)

@@ -209,6 +209,46 @@ def test_training_runs_resumes_and_loads(tmp_path, tiny_target):
         generate(tiny_target, "ar", ids, s).output_ids
 
 
+def test_joint_training_moves_the_backbone_and_saves_it_inside(tmp_path, tiny_target):
+    import json
+
+    from specviz.bench import PromptItem
+    from specviz.drafters.dflash import load_dflash_checkpoint, save_dflash_checkpoint
+    from specviz.train.retrace_train import ReTraceTrainConfig, train_retrace
+    from specviz.train.rollouts import make_rollouts
+
+    items = [PromptItem(f"p{i}", "c", " ".join(f"t{(i * 7 + j) % 60 + 2}" for j in range(6)), "x")
+             for i in range(8)]
+    make_rollouts(tiny_target, items, tmp_path / "ro", max_new_tokens=24, layer_ids=[0, 1],
+                  holdout=0.3)
+    model = new_dflash_for_target(tiny_target, num_layers=1, block_size=6, seed=0,
+                                  target_layer_ids=[0, 1])
+    save_dflash_checkpoint(model, tmp_path / "bb")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = ReTraceTrainConfig(steps=4, batch_size=2, anchors_per_seq=8, eval_every=2,
+                             eval_sequences=3, backbone_lr=1e-2)
+    train_retrace(tiny_target, model, str(tmp_path / "bb"), [tmp_path / "ro"], tmp_path / "ro",
+                  tmp_path / "rt", cfg)
+    conf = json.loads((tmp_path / "rt" / "config.json").read_text())
+    assert conf["backbone"] == "included"
+    saved = load_dflash_checkpoint(tmp_path / "rt" / "backbone")
+    moved = [k for k, v in saved.state_dict().items()   # saved in bfloat16
+             if not torch.equal(v.to(torch.bfloat16), before[k].to(torch.bfloat16))]
+    assert moved, "the jointly trained backbone did not move"
+    d = make_drafter("retrace", tiny_target, checkpoint=str(tmp_path / "rt"), cut="off")
+    assert d.checkpoint == str(tmp_path / "rt" / "backbone")
+    ids, s = [5, 9, 13], DecodeSettings(max_new_tokens=16)
+    assert Session(tiny_target, d, ids, s).run().output_ids == \
+        generate(tiny_target, "ar", ids, s).output_ids
+    cfg.steps = 6                     # resumes with the fine-tuned backbone's state
+    res = train_retrace(tiny_target, new_dflash_for_target(tiny_target, num_layers=1,
+                                                           block_size=6, seed=0,
+                                                           target_layer_ids=[0, 1]),
+                        str(tmp_path / "bb"), [tmp_path / "ro"], None, tmp_path / "rt", cfg,
+                        resume=True)
+    assert res["steps_run"] == 2
+
+
 # ----------------------------------------------------------------------------- the bundled one
 def test_bundled_retrace_is_for_the_bundled_backbone(tiny_target):
     from specviz.drafters.dflash import BUNDLED as DF_BUNDLED, BUNDLED_DIR, load_dflash_checkpoint

@@ -22,9 +22,10 @@ detached, lives one round, and is built from tensors the round already computed:
 or drafter forward. Verification is unchanged, so ReTrace is lossless like every drafter here.
 
 Checkpoint folder: ``config.json`` (``architectures: ["ReTraceFusion"]``, the backbone it was
-trained on -- ``"bundled"`` or a path -- and the backbone's ``hidden_size`` / ``block_size`` /
+trained on -- ``"bundled"``, a path, or ``"included"`` when it was fine-tuned jointly and
+saved in the sub-folder ``backbone/`` -- and the backbone's ``hidden_size`` / ``block_size`` /
 ``target_layer_ids``, checked against the loaded backbone) + ``model.safetensors`` (the fusion
-weights only: the backbone is referenced, not copied).
+weights only: a frozen backbone is referenced, not copied).
 """
 from __future__ import annotations
 
@@ -145,6 +146,10 @@ def fuse(x: torch.Tensor, fusion: ReTraceFusion, memory: RejectedMemory | None,
 
 
 # --------------------------------------------------------------------------- checkpoints
+INCLUDED = "included"              # config "backbone": fine-tuned jointly, saved alongside
+INCLUDED_BACKBONE = "backbone"     # ... in this sub-folder of the ReTrace checkpoint
+
+
 def fusion_config(fusion: ReTraceFusion, backbone_model, backbone: str) -> dict:
     return {"architectures": [ARCHITECTURE], "hidden_size": fusion.hidden_size,
             "backbone": backbone, "backbone_block_size": int(backbone_model.block_size),
@@ -234,7 +239,9 @@ class ReTraceDrafter(DFlashDrafter):
         else:
             self.retrace_checkpoint = None
         backbone = PARAMS["backbone"].check(backbone or "")
-        if not backbone.strip() and cfg.get("backbone") not in (None, "", "bundled"):
+        if not backbone.strip() and cfg.get("backbone") == INCLUDED:   # trained jointly
+            backbone = str(Path(self.retrace_checkpoint) / INCLUDED_BACKBONE)
+        elif not backbone.strip() and cfg.get("backbone") not in (None, "", "bundled"):
             backbone = str(cfg["backbone"])
         super().__init__(target, checkpoint=backbone or None, model=model, block_size=block_size,
                          draft_temperature=draft_temperature, seed=seed, cut=cut, dtype=dtype,

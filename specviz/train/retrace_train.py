@@ -12,8 +12,10 @@ For a sequence (a greedy rollout, or a prefill-labelled text where the exact-pre
    rejected position exactly as the engine's verify pass would (``Round.target_argmax``);
    :func:`specviz.drafters.retrace.build_memory` turns it into the memory.
 3. round r+1 at a' = a+m+1 with the fused memory; loss = decay-weighted CE on its slots against
-   the exact labels. Only the fusion trains (the backbone is frozen; joint fine-tuning is not
-   implemented). Round 1 and the target run without gradients; the memory is detached.
+   the exact labels. By default only the fusion trains (the backbone is frozen). With
+   ``backbone_lr > 0`` the backbone is fine-tuned jointly (its block and context paths, at
+   that learning rate) and saved inside the checkpoint (``backbone/``, config ``backbone:
+   "included"``). Round 1 and the target run without gradients; the memory is detached.
 
 The eval reports, on held-out sequences, round r+1's mean accepted length with the fusion and
 with the gate off (= the backbone) on the same examples: exact for greedy decoding conditioned
@@ -30,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-from ..drafters.retrace import ReTraceFusion, build_memory, fuse, fusion_config, save_retrace
+from ..drafters.retrace import (INCLUDED, INCLUDED_BACKBONE, ReTraceFusion, build_memory, fuse,
+                                fusion_config, save_retrace)
 from ..errors import SettingsError, SpecvizError
 from .dflash_train import (TrainData, _lr_lambda, block_embeddings, forward_blocks,
                            sequence_context, slot_weights)
@@ -53,10 +56,13 @@ class ReTraceTrainConfig:
     eval_every: int = 100
     eval_sequences: int = 24
     seed: int = 0
+    backbone_lr: float = 0.0       # > 0: fine-tune the DFlash backbone jointly at this lr
 
     def validate(self) -> "ReTraceTrainConfig":
         if self.steps < 1 or self.batch_size < 1 or self.anchors_per_seq < 1:
             raise SettingsError("--steps, --batch-size and --anchors-per-seq must be at least 1")
+        if self.backbone_lr < 0:
+            raise SettingsError("--backbone-lr must be >= 0 (0 = frozen backbone)")
         if not self.lr > 0 or not 0 <= self.warmup < 1 or not self.gamma > 0:
             raise SettingsError("--lr and --gamma must be > 0 and --warmup in [0, 1)")
         return self
@@ -176,9 +182,19 @@ def evaluate(model, target, fusion, data, n: int, seed: int = 0) -> dict:
             "accepted_backbone": acc_b / max(1, count)}
 
 
+def save_checkpoint(fusion, model, conf: dict, out: Path, cfg: ReTraceTrainConfig, step: int):
+    """The fusion (and, trained jointly, the fine-tuned backbone in ``out/backbone``)."""
+    if cfg.backbone_lr > 0:
+        from ..drafters.dflash import save_dflash_checkpoint
+
+        save_dflash_checkpoint(copy.deepcopy(model).to(torch.bfloat16), out / INCLUDED_BACKBONE)
+    save_retrace(fusion, conf, out, {"specviz_training": {"step": step, **asdict(cfg)}})
+
+
 def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_dir, out,
                   cfg: ReTraceTrainConfig, resume: bool = False, show_bar: bool = False) -> dict:
-    """Train (or resume) a ReTrace fusion on the frozen ``backbone_model``."""
+    """Train (or resume) a ReTrace fusion on ``backbone_model`` (frozen, or fine-tuned jointly
+    when ``cfg.backbone_lr > 0``)."""
     cfg.validate()
     if not data_dirs:
         raise SettingsError("give at least one --data folder (rollouts or prefill)")
@@ -188,16 +204,24 @@ def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_d
     ev = RolloutSet(eval_dir, split="eval") if eval_dir else None
     evd = ev if ev is not None and len(ev) else None
     out = Path(out)
-    model = backbone_model.float().eval().requires_grad_(False)
+    joint = cfg.backbone_lr > 0
+    model = backbone_model.float().eval().requires_grad_(joint)
     rng = random.Random(cfg.seed)
     state_path = out / "train_state.pt"
     fusion = ReTraceFusion(model.hidden_size)
-    opt = torch.optim.AdamW(fusion.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    groups = [{"params": list(fusion.parameters())}]
+    if joint:
+        groups.append({"params": [p for p in model.parameters() if p.requires_grad],
+                       "lr": cfg.backbone_lr})
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
+    trained = list(fusion.parameters()) + (list(model.parameters()) if joint else [])
     start = 0
     if resume and state_path.is_file():
         st = torch.load(state_path, map_location="cpu", weights_only=False)
         fusion.load_state_dict(st["fusion"])
+        if joint:
+            model.load_state_dict(st["backbone"])
         opt.load_state_dict(st["optimizer"])
         sched.load_state_dict(st["scheduler"])
         start, _ = int(st["step"]), rng.setstate(st["rng"])
@@ -212,7 +236,7 @@ def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_d
         bar = tqdm(total=cfg.steps, initial=start, desc="retrace", unit="step")
     order: list[int] = []
     hist, last_eval, t0 = [], None, time.perf_counter()
-    conf = fusion_config(fusion, model, backbone)
+    conf = fusion_config(fusion, model, INCLUDED if joint else backbone)
 
     def log(rec):
         with open(out / LOG_NAME, "a") as fh:
@@ -230,6 +254,8 @@ def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_d
             ex = round_examples(model, target, t, h, data.greedy(j), p, cfg.anchors_per_seq, rng)
             if ex is None:
                 continue
+            if joint:   # the backbone's context path trains too: its K/V with grad
+                ex.ctx_kv = sequence_context(model, h, int(t.shape[0]))
             logits, _ = round2_logits(model, target, fusion, t, ex)
             ls, ws = round2_loss(logits, ex, weights)
             tot, wsum = tot + ls, wsum + ws
@@ -237,7 +263,7 @@ def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_d
             loss = tot / wsum
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(fusion.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(trained, 1.0)
             opt.step()
             hist.append(float(loss))
         sched.step()
@@ -252,9 +278,9 @@ def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_d
             last_eval = evaluate(model, target, fusion, evd, cfg.eval_sequences)
             log({"step": step + 1, **{k: round(v, 4) for k, v in last_eval.items()}})
         if (step + 1) % max(1, cfg.eval_every or 50) == 0 or step + 1 == cfg.steps:
-            save_retrace(fusion, conf, out, {"specviz_training": {"step": step + 1,
-                                                                   **asdict(cfg)}})
+            save_checkpoint(fusion, model, conf, out, cfg, step + 1)
             torch.save({"step": step + 1, "fusion": fusion.state_dict(),
+                        "backbone": model.state_dict() if joint else None,
                         "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                         "rng": rng.getstate()}, state_path)
     if bar is not None:
