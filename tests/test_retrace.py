@@ -176,19 +176,26 @@ def test_simulated_round_memory_equals_the_engine(tiny_target):
     assert checked >= 5
 
 
-def test_training_runs_resumes_and_loads(tmp_path, tiny_target):
+def tiny_retrace_setup(tmp_path, target, n: int = 10, stride: int = 5):
+    """Tiny greedy rollouts (``tmp_path/ro``) and a random backbone saved in ``tmp_path/bb``."""
     from specviz.bench import PromptItem
-    from specviz.train.retrace_train import ReTraceTrainConfig, train_retrace
-    from specviz.train.rollouts import make_rollouts
     from specviz.drafters.dflash import save_dflash_checkpoint
+    from specviz.train.rollouts import make_rollouts
 
-    items = [PromptItem(f"p{i}", "c", " ".join(f"t{(i * 5 + j) % 60 + 2}" for j in range(6)), "x")
-             for i in range(10)]
-    make_rollouts(tiny_target, items, tmp_path / "ro", max_new_tokens=24, layer_ids=[0, 1],
+    items = [PromptItem(f"p{i}", "c", " ".join(f"t{(i * stride + j) % 60 + 2}" for j in range(6)),
+                        "x") for i in range(n)]
+    make_rollouts(target, items, tmp_path / "ro", max_new_tokens=24, layer_ids=[0, 1],
                   holdout=0.3)
-    model = new_dflash_for_target(tiny_target, num_layers=1, block_size=6, seed=0,
+    model = new_dflash_for_target(target, num_layers=1, block_size=6, seed=0,
                                   target_layer_ids=[0, 1])
     save_dflash_checkpoint(model, tmp_path / "bb")
+    return model
+
+
+def test_training_runs_resumes_and_loads(tmp_path, tiny_target):
+    from specviz.train.retrace_train import ReTraceTrainConfig, train_retrace
+
+    model = tiny_retrace_setup(tmp_path, tiny_target)
     cfg = ReTraceTrainConfig(steps=6, batch_size=2, anchors_per_seq=8, eval_every=3,
                              eval_sequences=4)
     res = train_retrace(tiny_target, model, str(tmp_path / "bb"), [tmp_path / "ro"],
@@ -212,18 +219,10 @@ def test_training_runs_resumes_and_loads(tmp_path, tiny_target):
 def test_joint_training_moves_the_backbone_and_saves_it_inside(tmp_path, tiny_target):
     import json
 
-    from specviz.bench import PromptItem
-    from specviz.drafters.dflash import load_dflash_checkpoint, save_dflash_checkpoint
+    from specviz.drafters.dflash import load_dflash_checkpoint
     from specviz.train.retrace_train import ReTraceTrainConfig, train_retrace
-    from specviz.train.rollouts import make_rollouts
 
-    items = [PromptItem(f"p{i}", "c", " ".join(f"t{(i * 7 + j) % 60 + 2}" for j in range(6)), "x")
-             for i in range(8)]
-    make_rollouts(tiny_target, items, tmp_path / "ro", max_new_tokens=24, layer_ids=[0, 1],
-                  holdout=0.3)
-    model = new_dflash_for_target(tiny_target, num_layers=1, block_size=6, seed=0,
-                                  target_layer_ids=[0, 1])
-    save_dflash_checkpoint(model, tmp_path / "bb")
+    model = tiny_retrace_setup(tmp_path, tiny_target, n=8, stride=7)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = ReTraceTrainConfig(steps=4, batch_size=2, anchors_per_seq=8, eval_every=2,
                              eval_sequences=3, backbone_lr=1e-2)
