@@ -1,4 +1,5 @@
-"""EDR page: speculative decoding as a Markov reward process on one prompt's greedy rollout --
+"""EDR page: speculative decoding as a Markov reward process on one prompt's rollout (greedy, or
+sampled when the sidebar's temperature is above 0) --
 where rounds start (occupancy d_n, on the tokens and as a chart), expected rounds still to go
 (V_n), per-state acceptance, two drafters side by side, and the expected rounds next to the
 rounds of real runs. Views from specviz.viz.edr; numbers from specviz.analysis.edr."""
@@ -8,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from pages import ui
-from specviz.analysis.offline_eval import MARKOV, DrafterSpec, prompt_mrp
+from specviz.analysis.offline_eval import BLOCK_DRAFTERS, MARKOV, DrafterSpec, prompt_mrp
 from specviz.engine import DecodeSettings, Session
 from specviz.errors import SpecvizError
 from specviz.drafters import make_drafter
@@ -38,7 +39,14 @@ with st.expander("What the charts show", expanded=False):
         "drafter skips a round start the first one needs; red = the other way round.\n"
         "- The expected rounds are computed offline with no speculative decoding; the last "
         "column shows the rounds a real greedy run of the same drafter took (they agree exactly "
-        "for these deterministic drafters).")
+        "for these deterministic drafters).\n"
+        "- **Sampling** (sidebar temperature above 0): the reply is sampled, and a learned "
+        "drafter drafts at the same temperature, so a slot is accepted only with probability "
+        "min(1, q(y)/p(y)) -- q the drafter's and p the target's probability of the token the "
+        "text has there. Occupancies become fractions (a round starts at n in some runs, not "
+        "in others), the EDR is the average over runs that produce this text, and one real "
+        "sampled run is one draw from it (it writes another text and may take more or fewer "
+        "rounds).")
 
 choices = list(MARKOV)
 c = st.columns([2, 2, 1.4], vertical_alignment="bottom")
@@ -46,7 +54,8 @@ a_lab = c[0].selectbox("Drafter A", choices, index=0, key="edr_a")
 b_lab = c[1].selectbox("Drafter B", choices, index=choices.index("dflash"), key="edr_b")
 go_btn = c[2].button("Compute", key="edr_run", type="primary", icon=":material/calculate:",
                      disabled=cfg is None or a_lab == b_lab, width="stretch",
-                     help="Generates the model's greedy reply to the sidebar prompt (up to the "
+                     help="Generates the model's reply to the sidebar prompt (greedy, or sampled "
+                          "at the sidebar's temperature; up to the "
                           "sidebar's max new tokens), evaluates both drafters on it, and runs "
                           "each once for real to compare the rounds.")
 if a_lab == b_lab:
@@ -55,18 +64,24 @@ if a_lab == b_lab:
 if go_btn and cfg is not None:
     target = ui.load_target(cfg.model)
     if target is not None:
-        prog = st.progress(0.0, text="Generating the greedy reply …")
+        T, seed = float(cfg.settings.temperature), int(cfg.settings.seed)
+        prog = st.progress(0.0, text="Generating the "
+                                     + (f"sampled (T = {T:g})" if T > 0 else "greedy") + " reply …")
         try:
             ids = target.encode_prompt(cfg.prompt, cfg.settings.chat_template)
-            specs = [DrafterSpec(x, x, dict(MARKOV[x])) for x in (a_lab, b_lab)]
+            specs = [DrafterSpec(x, x, dict(MARKOV[x], **(
+                {"draft_temperature": T} if T > 0 and x in BLOCK_DRAFTERS else {})))
+                for x in (a_lab, b_lab)]
             with target.lock:
-                res = prompt_mrp(target, ids, specs, cfg.settings.max_new_tokens)
+                res = prompt_mrp(target, ids, specs, cfg.settings.max_new_tokens, T, seed)
             actual = {}
             for i, s in enumerate(specs):
                 prog.progress(0.4 + 0.3 * i, text=f"Real run of {s.label} …")
                 tr = Session(target, make_drafter(s.method, target, **s.params), ids,
-                             DecodeSettings(max_new_tokens=cfg.settings.max_new_tokens)).run()
+                             DecodeSettings(max_new_tokens=cfg.settings.max_new_tokens,
+                                            temperature=T, seed=seed)).run()
                 actual[s.label] = tr.num_rounds
+            ss["edr_temperature"] = T
             ss["edr_result"], ss["edr_actual"] = res, actual
             ss["edr_texts"] = {int(t): target.tokenizer.decode([int(t)])
                                for t in set(res.rollout.tokens)}
@@ -80,6 +95,10 @@ if res is None:
 else:
     texts = ss.get("edr_texts", {})
     y = res.rollout.tokens[res.rollout.prompt_len:]
+    if ss.get("edr_temperature", 0.0) > 0:
+        st.caption(f"Sampled reply (T = {ss['edr_temperature']:g}): the expected rounds average "
+                   "over the runs that write this text; the real run is one sampled draw (top-p is "
+                   "not applied on this page).")
     st.dataframe(pd.DataFrame(ve.summary_rows(res.results, ss.get("edr_actual"))),
                  hide_index=True, width="stretch")
     labels = list(res.results)

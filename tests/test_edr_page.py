@@ -40,6 +40,37 @@ def test_prompt_mrp_equals_real_runs(tiny_target, tmp_path):
             assert res.results[s.label].edr == tr.num_rounds
 
 
+def test_prompt_mrp_on_a_sampled_reply(tiny_target, tmp_path):
+    from specviz.analysis.offline_eval import sampled_state_acceptance
+
+    model = new_dflash_for_target(tiny_target, num_layers=1, block_size=5, seed=2,
+                                  target_layer_ids=[0, 1])
+    save_dflash_checkpoint(model, tmp_path / "d")
+    specs = [DrafterSpec("pld", "pld", {}),
+             DrafterSpec("dflash", "dflash", {"cut": "off", "checkpoint": str(tmp_path / "d"),
+                                              "draft_temperature": 1.0})]
+    ids = [5, 9, 5, 9, 5, 9, 7]
+    res = prompt_mrp(tiny_target, ids, specs, 16, temperature=1.0, seed=4)
+    again = prompt_mrp(tiny_target, ids, specs, 16, temperature=1.0, seed=4)
+    assert res.rollout.tokens == again.rollout.tokens            # seeded
+    pld, dfl = res.acceptance["pld"], res.acceptance["dflash"]
+    assert set(pld.unique().tolist()) <= {0.0, 1.0}               # deterministic drafts: 0/1
+    frac = dfl[(dfl > 0) & (dfl < 1)]
+    assert frac.numel() > 0                                       # sampled acceptance: fractions
+    occ = res.results["dflash"].occupancy
+    assert abs(float(occ.sum()) - res.results["dflash"].edr) < 1e-9
+    assert ((occ > 0.01) & (occ < 0.99)).any()                    # fractional round starts
+    y = res.rollout.tokens[len(ids):]
+    with torch.no_grad():
+        out = tiny_target.model(torch.tensor([res.rollout.tokens]))
+    p_y = torch.softmax(out.logits[0, len(ids) - 1:-1].double(), -1).gather(
+        -1, torch.tensor(y).view(-1, 1)).squeeze(-1)
+    want = sampled_state_acceptance(model, tiny_target, torch.tensor(res.rollout.tokens),
+                                    res.rollout.features,
+                                    len(ids), p_y, 1.0)
+    assert torch.allclose(dfl, want, atol=1e-4)
+
+
 def test_views():
     a = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 0], [1, 1, 0], [0, 0, 0], [0, 0, 0]],
                      dtype=torch.float64)
@@ -72,4 +103,12 @@ def test_edr_page_on_the_embedded_model():
     table = at.dataframe[0].value
     assert list(table["drafter"]) == ["pld", "dflash"]
     assert (table["expected rounds (EDR)"] == table["rounds of a real run"]).all()
+    assert len(at.get("plotly_chart")) == 5
+    # sampling: a sampled reply, the learned drafter's sampled acceptance (fractional d_n)
+    at.radio(key="mode").set_value("Sampling").run()
+    at.number_input(key="temperature").set_value(1.0).run()
+    at.button(key="edr_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    assert any("Sampled reply (T = 1)" in c.value for c in at.caption)
     assert len(at.get("plotly_chart")) == 5

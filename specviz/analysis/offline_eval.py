@@ -261,7 +261,8 @@ def real_rounds(target, rollout_set, specs: list[DrafterSpec], n: int) -> dict:
 # --------------------------------------------------------------------------- one prompt
 @dataclass
 class PromptMRP:
-    """One prompt's greedy rollout and, per drafter, its acceptance matrix and MRP."""
+    """One prompt's rollout (greedy or sampled) and, per drafter, its acceptance matrix and
+    MRP."""
     rollout: object                 # specviz.analysis.replay.Rollout
     acceptance: dict                # label -> a [L, K]
     results: dict                   # label -> MRPResult
@@ -269,9 +270,11 @@ class PromptMRP:
 
 
 def prompt_mrp(target, prompt_ids: list[int], specs: list[DrafterSpec],
-               max_new_tokens: int) -> PromptMRP:
-    """Generate the target's greedy reply to ``prompt_ids`` (with the tapped features the
-    hidden-state drafters need) and evaluate every drafter's MRP on it."""
+               max_new_tokens: int, temperature: float = 0.0, seed: int = 0) -> PromptMRP:
+    """Generate the target's reply to ``prompt_ids`` (greedy, or sampled at ``temperature``
+    with ``seed``; with the tapped features the hidden-state drafters need) and evaluate every
+    drafter's MRP on it: greedy acceptance, or on a sampled reply the sampled acceptance
+    min(1, q_T(y)/p(y)) of the block drafters drafting at that temperature."""
     from ..drafters import make_drafter
     from ..train.rollouts import generate_batch
     from .replay import Rollout
@@ -280,11 +283,13 @@ def prompt_mrp(target, prompt_ids: list[int], specs: list[DrafterSpec],
     layers = sorted({i for d in drafters.values()
                      for i in (getattr(getattr(d, "model", None), "target_layer_ids", None) or [])})
     res = generate_batch(target, [list(prompt_ids)], max_new_tokens, layers or [0],
-                         store_dtype=torch.float32)
+                         store_dtype=torch.float32, temperature=temperature,
+                         generator=torch.Generator().manual_seed(int(seed)))
     tokens = list(prompt_ids) + res.replies[0]
     P = len(prompt_ids)
     ro = Rollout(tokens, P, res.hidden[0], [i + 1 for i in (layers or [0])])
     y = tokens[P:]
+    p_y = None if res.probs is None else torch.tensor(res.probs[0], dtype=torch.float64)
     acc, out, drafts = {}, {}, {}
     for s in specs:
         d = drafters[s.label]
@@ -294,10 +299,13 @@ def prompt_mrp(target, prompt_ids: list[int], specs: list[DrafterSpec],
                               for j in [layers.index(i) for i in d.model.target_layer_ids]], -1)
             dr = dflash_state_drafts(d.model, target, torch.tensor(tokens), cols, P,
                                      d.block_size)
+            if p_y is not None and y:
+                acc[s.label] = sampled_state_acceptance(d.model, target, torch.tensor(tokens),
+                                                        cols, P, p_y, temperature, d.block_size)
         else:
             dr = state_drafts(d, ro, target)
-        K = max([len(x) for x in dr] + [1])
-        acc[s.label] = greedy_acceptance(dr, y, K=K)
+        if s.label not in acc:
+            acc[s.label] = greedy_acceptance(dr, y, K=max([len(x) for x in dr] + [1]))
         out[s.label] = evaluate(acc[s.label])
         drafts[s.label] = dr
     return PromptMRP(ro, acc, out, drafts)
