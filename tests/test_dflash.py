@@ -358,6 +358,19 @@ def test_bundled_drafter_only_for_its_target(tiny_target):
     assert bundled_checkpoint(Named()) == folder
 
 
+
+def test_bundled_drafters_by_name():
+    from specviz.drafters.dflash import BUNDLED_DIR, resolve_checkpoint
+
+    names = sorted(p.name for p in BUNDLED_DIR.iterdir() if (p / "config.json").is_file())
+    assert "dflash-smollm2-135m-instruct" in names
+    for n in names:
+        assert resolve_checkpoint(n) == BUNDLED_DIR / n
+        assert (BUNDLED_DIR / n / "model.safetensors").stat().st_size < 30 * 2 ** 20
+    with pytest.raises(ModelLoadError, match="bundled drafter \\(.*dflash-smollm2-135m-instruct"):
+        resolve_checkpoint("no-such-drafter")
+
+
 @pytest.mark.integration
 def test_bundled_drafter_greedy_lossless_on_real_prompts(embedded_target):
     from conftest import lossless_on_examples

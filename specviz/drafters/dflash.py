@@ -368,8 +368,9 @@ def _few(items, n: int = 4) -> str:
 
 
 def resolve_checkpoint(checkpoint: str | Path) -> Path:
-    """A local folder, or a hub id fetched with snapshot_download (only if the hub is reachable;
-    otherwise from the local HF cache)."""
+    """A local folder, the name of a drafter bundled under ``specviz/weights/`` (e.g.
+    ``dflash-edr-t1-smollm2-135m-instruct``), or a hub id fetched with snapshot_download (only
+    if the hub is reachable; otherwise from the local HF cache)."""
     from ..models import hub_reachable
 
     if checkpoint is None or not str(checkpoint).strip():
@@ -380,8 +381,12 @@ def resolve_checkpoint(checkpoint: str | Path) -> Path:
             raise ModelLoadError(f"DFlash checkpoint {path} is a file, not a folder")
         return path
     name = str(checkpoint).strip()
+    if (BUNDLED_DIR / name / CONFIG_NAME).is_file():   # a drafter committed under weights/
+        return BUNDLED_DIR / name
     if not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", name):
-        raise ModelLoadError(f"DFlash checkpoint '{name}' is neither a local folder nor a hub id")
+        bundled = sorted(p.name for p in BUNDLED_DIR.iterdir() if (p / CONFIG_NAME).is_file())
+        raise ModelLoadError(f"DFlash checkpoint '{name}' is neither a local folder, a hub id "
+                             f"nor a bundled drafter ({', '.join(bundled)})")
     from huggingface_hub import snapshot_download
 
     online = hub_reachable()
