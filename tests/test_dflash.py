@@ -381,3 +381,20 @@ def test_bundled_drafter_greedy_lossless_on_real_prompts(embedded_target):
     tokens = sum(len(df.output_ids) for _, df, _ in runs)
     rounds = sum(df.num_rounds for _, df, _ in runs)
     assert tokens / rounds > 1.2, f"the bundled drafter's tau is only {tokens / rounds:.2f}"
+
+
+@pytest.mark.integration
+def test_bundled_edr_t1_drafter_by_name_on_real_prompts(embedded_target):
+    """The EDR-fine-tuned (sampled, T = 1) DFlash drafter, selected by its bundled name:
+    greedy output identical to AR, and a sampled run drafts with the drafter's own q."""
+    from conftest import example_prompts, greedy_lossless_runs
+
+    name = "dflash-edr-t1-smollm2-135m-instruct"
+    runs = greedy_lossless_runs(embedded_target, "dflash", example_prompts(1), 32,
+                                checkpoint=name)
+    assert all(rep.identical for _, _, rep in runs)
+    d = make_drafter("dflash", embedded_target, checkpoint=name, draft_temperature=1.0)
+    ids = embedded_target.encode_prompt("Natalia sold clips to 48 friends. How many?")
+    tr = Session(embedded_target, d, ids, DecodeSettings(max_new_tokens=24, temperature=1.0,
+                                                         seed=1)).run()
+    assert tr.output_ids and any(r.draft for r in tr.rounds)

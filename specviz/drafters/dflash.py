@@ -76,8 +76,10 @@ TOPK = 4  # drafter top-k ids/probs recorded per slot (rejected-suffix alignment
 PARAMS = params_by_name(
     ParamSpec("checkpoint", str, "", label="Drafter checkpoint",
               help="A DFlash (or DSpark) drafter folder or hub id (config.json + "
-                   "model.safetensors). Empty = the drafter this project trained for the "
-                   "embedded SmolLM2-135M-Instruct."),
+                   "model.safetensors), or the name of one bundled with specviz "
+                   "(dflash-edr-t1-smollm2-135m-instruct: EDR-fine-tuned for sampling at "
+                   "T = 1). Empty = the drafter this project trained for the embedded "
+                   "SmolLM2-135M-Instruct."),
     ParamSpec("block_size", int, 0, range=(0, MAX_BLOCK_SIZE), label="Block size",
               help="Slots per block (anchor + masks), at most the checkpoint's; 0 = the "
                    "checkpoint's own. Smaller blocks draft fewer tokens per round."),
