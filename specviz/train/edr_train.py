@@ -249,7 +249,7 @@ def finetune(target, model, rollouts_dir, eval_dir, out, cfg: EDRTrainConfig,
             loss = objective_loss_for(cfg, model, target, t, h, p, weights, rng, gen,
                                       train.target_p(i), train.temperature) / cfg.batch_size
             loss.backward()
-            tot += float(loss)
+            tot += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
         sched.step()
