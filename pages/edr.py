@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from pages import ui
-from specviz.analysis.offline_eval import BLOCK_DRAFTERS, MARKOV, DrafterSpec, prompt_mrp
+from specviz.analysis.offline_eval import MARKOV, DrafterSpec, at_temperature, prompt_mrp
 from specviz.engine import DecodeSettings, Session
 from specviz.errors import SpecvizError
 from specviz.drafters import make_drafter
@@ -69,9 +69,7 @@ if go_btn and cfg is not None:
                                      + (f"sampled (T = {T:g})" if T > 0 else "greedy") + " reply …")
         try:
             ids = target.encode_prompt(cfg.prompt, cfg.settings.chat_template)
-            specs = [DrafterSpec(x, x, dict(MARKOV[x], **(
-                {"draft_temperature": T} if T > 0 and x in BLOCK_DRAFTERS else {})))
-                for x in (a_lab, b_lab)]
+            specs = [DrafterSpec(x, x, at_temperature(x, MARKOV[x], T)) for x in (a_lab, b_lab)]
             with target.lock:
                 res = prompt_mrp(target, ids, specs, cfg.settings.max_new_tokens, T, seed)
             actual = {}

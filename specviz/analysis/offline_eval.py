@@ -40,6 +40,14 @@ class DrafterSpec:
     params: dict = field(default_factory=dict)
 
 
+def at_temperature(method: str, params: dict, temperature: float) -> dict:
+    """``params`` of a drafter evaluated at ``temperature``: a block drafter drafts at it too
+    (sampled acceptance needs the drafter's q at the target's temperature)."""
+    if temperature > 0 and method in BLOCK_DRAFTERS:
+        return dict(params, draft_temperature=float(temperature))
+    return dict(params)
+
+
 def parse_drafters(spec: str) -> list[DrafterSpec]:
     """'pld,dflash:runs/x' -> specs; unknown or non-Markov methods raise a SettingsError."""
     out = []
@@ -202,9 +210,8 @@ def offline_compare(target, rollout_set, specs: list[DrafterSpec], limit: int | 
     if n == 0:
         raise SpecvizError("no rollouts to evaluate (empty folder or split)")
     T = rollout_set.temperature
-    drafters = {s.label: make_drafter(s.method, target, **dict(s.params, **(
-        {"draft_temperature": T} if T > 0 and s.method in BLOCK_DRAFTERS else {})))
-        for s in specs}
+    drafters = {s.label: make_drafter(s.method, target, **at_temperature(s.method, s.params, T))
+                for s in specs}
     check_rollouts(target, rollout_set, drafters)
     rows, secs = [], {s.label: 0.0 for s in specs}
     for i in range(n):
@@ -240,8 +247,7 @@ def real_rounds(target, rollout_set, specs: list[DrafterSpec], n: int) -> dict:
     T = rollout_set.temperature
     for s in specs:
         secs, rounds = 0.0, []
-        params = dict(s.params, **({"draft_temperature": T}
-                                   if T > 0 and s.method in BLOCK_DRAFTERS else {}))
+        params = at_temperature(s.method, s.params, T)
         for i in range(min(n, len(rollout_set))):
             t, _, p = rollout_set.load(i)
             L = int(t.shape[0]) - p
