@@ -265,7 +265,7 @@ def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_d
             loss.backward()
             torch.nn.utils.clip_grad_norm_(trained, 1.0)
             opt.step()
-            hist.append(float(loss))
+            hist.append(float(loss.detach()))
         sched.step()
         if bar is not None:
             bar.update(1)
