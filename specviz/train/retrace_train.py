@@ -211,11 +211,10 @@ def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_d
     fusion = ReTraceFusion(model.hidden_size)
     groups = [{"params": list(fusion.parameters())}]
     if joint:
-        groups.append({"params": [p for p in model.parameters() if p.requires_grad],
-                       "lr": cfg.backbone_lr})
+        groups.append({"params": list(model.parameters()), "lr": cfg.backbone_lr})
     opt = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
-    trained = list(fusion.parameters()) + (list(model.parameters()) if joint else [])
+    trained = [p for g in groups for p in g["params"]]
     start = 0
     if resume and state_path.is_file():
         st = torch.load(state_path, map_location="cpu", weights_only=False)

@@ -238,12 +238,11 @@ class RolloutSet:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def load(self, i: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """(tokens int64 [T], hidden [T, k*H] as stored, prompt_len) of rollout ``i``."""
+    def _shard(self, i: int):
+        """The opened (memory-mapped) shard of rollout ``i``; errors name a missing or torn one."""
         from safetensors import safe_open
 
-        r = self.rows[i]
-        shard = r["shard"]
+        shard = self.rows[i]["shard"]
         if shard not in self._open:
             path = self.folder / shard
             if not path.is_file():
@@ -255,7 +254,13 @@ class RolloutSet:
             except Exception as exc:
                 raise SpecvizError(f"rollout shard {path} cannot be opened ({exc}): truncated "
                                    "or not a safetensors file") from exc
-        f = self._open[shard]
+        return self._open[shard]
+
+    def load(self, i: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(tokens int64 [T], hidden [T, k*H] as stored, prompt_len) of rollout ``i``."""
+        r = self.rows[i]
+        shard = r["shard"]
+        f = self._shard(i)
         try:
             toks = f.get_tensor(r["name"] + ".tokens").long()
             hid = f.get_tensor(r["name"] + ".hidden")
@@ -278,19 +283,20 @@ class RolloutSet:
         reply token at the sampling temperature); None for greedy rollouts."""
         if self.temperature <= 0:
             return None
-        toks, _, p = self.load(i)
-        f = self._open[self.rows[i]["shard"]]
+        r = self.rows[i]
+        f = self._shard(i)   # tokens and p only: the features are not read
         try:
-            out = f.get_tensor(self.rows[i]["name"] + ".p").double()
+            out = f.get_tensor(r["name"] + ".p").double()
         except Exception as exc:
-            raise SpecvizError(f"rollout {self.rows[i].get('key')} in {self.folder} was sampled "
+            raise SpecvizError(f"rollout {r.get('key')} in {self.folder} was sampled "
                                f"at temperature {self.temperature} but stores no target "
                                "probabilities p(y): regenerate it with this version of "
                                "`python -m specviz train rollouts`") from exc
-        if out.shape[0] != toks.shape[0] - p:
-            raise SpecvizError(f"rollout {self.rows[i].get('key')} in {self.folder} has "
-                               f"{out.shape[0]} target probabilities for {toks.shape[0] - p} "
-                               "reply tokens: the shard is inconsistent")
+        n = int(f.get_slice(r["name"] + ".tokens").get_shape()[0]) - int(r["prompt_len"])
+        if out.shape[0] != n:
+            raise SpecvizError(f"rollout {r.get('key')} in {self.folder} has {out.shape[0]} "
+                               f"target probabilities for {n} reply tokens: the shard is "
+                               "inconsistent")
         return out
 
     def greedy(self, i: int) -> torch.Tensor | None:
@@ -298,8 +304,7 @@ class RolloutSet:
         :mod:`specviz.train.prefill`); None for generated rollouts (their text is the path)."""
         if self.rows[i].get("kind") != "prefill":
             return None
-        self.load(i)  # opens the shard
-        return self._open[self.rows[i]["shard"]].get_tensor(self.rows[i]["name"] + ".greedy").long()
+        return self._shard(i).get_tensor(self.rows[i]["name"] + ".greedy").long()
 
     def rollout(self, i: int):
         """Rollout ``i`` as an offline-replay record (:class:`specviz.analysis.replay.Rollout`)."""
