@@ -359,8 +359,12 @@ def test_adaptive_turns_back_on_and_grows_on_repetition():
     rounds, tokens = _synthetic_run(drafter, PATTERN * 3, 25, _reject)
     assert rounds[-1].extras["retrieval"] == "off" or rounds[-1].extras["probe"]
     # phase 2: the target now continues the pattern; a probe succeeds and drafting resumes
+    # (phase 1's rejected tokens make the pattern's matches disagree on the next token: the
+    # control's key is the split lex3 source, whose record phase 1 wrote; a unanimous match is
+    # a source of its own)
+    assert rounds[-1].extras["agreement"] == "split"
     more, _ = _synthetic_run(drafter, tokens, 45, _follow_pattern, start=25, begin=False)
-    drafted = [r for r in more if r.draft]
+    drafted = [r for r in more if r.draft and r.extras.get("agreement") == "split"]
     assert drafted and drafted[0].extras["probe"] and drafted[0].accepted == len(drafted[0].draft)
     assert not more[-1].extras["probe"] and more[-1].extras["retrieval"] == "lexical"  # back on
     lens = [r.extras["draft_len"] for r in drafted]
@@ -496,9 +500,13 @@ def test_experience_carries_a_pause_to_the_next_prompt_of_the_same_model():
         rs, _ = _synthetic_run(drafter, PATTERN * 3, 6, _reject, begin=False)
         return [r.extras["retrieval"] for r in rs]
 
-    # same model: the failing sources start paused (no probe in the first rounds)
+    # same model: the sources the record left paused start paused (no probe in the first
+    # rounds); only the unanimous 3-gram, rejected once and still paying on the "cpu" curve
+    # in the record, drafts
+    paused = {k for k, rec in first.record.items() if rec[2]}
+    assert {"lex1", "lex1~", "lex2~", "lex3~"} <= paused and "lex3" not in paused
     assert opening(AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8, learn=True), _stub_target()) \
-        == ["off"] * 6
+        == ["lexical"] + ["off"] * 5
     # learn=False, or another model: each starts from the prior and drafts at once
     for drafter, target in ((AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8, learn=False),
                              _stub_target()),
@@ -520,3 +528,27 @@ def test_experience_carries_acceptance_estimates():
     st, prior = nxt.source_stats(src), SourceStats()
     assert st.a1 > prior.a1 and st.a2 > prior.a2
     assert abs(st.a1 - first.stats[src].a1) < 1e-9
+
+
+def test_weak_evidence_waits_for_a_probe_on_a_steep_curve_and_drafts_where_verify_is_cheap():
+    """A single-token or disagreeing match starts from the sceptical prior: on a step-shaped
+    CPU curve (c(2) = 2.3) it starts paused, with probes 16 rounds apart; on a flat curve it
+    drafts at once. A strong source (unanimous 2-gram) drafts on both."""
+    from specviz.costs import CostModel
+    from specviz.drafters.adapld import WEAK_PROBE_GAPS, stats_key, Candidate
+
+    steep = CostModel.from_points([(1, 1.0), (2, 2.3), (16, 2.6), (64, 6.0)], 0.05)
+    for curve, weak_off in ((steep, True), (CostModel.flat(0.05), False)):
+        d = AdaPLDDrafter(semantic="off", cost="cpu")
+        d.begin(None, PATTERN * 3)
+        d.cost_model = curve
+        for key in ("lex1", "lex1~", "lex2~"):
+            st = d.source_stats(key, 0)
+            assert st.off is weak_off, (key, curve.kind)
+            if weak_off:
+                assert st.next_probe == WEAK_PROBE_GAPS[0]
+        assert d.source_stats("lex2", 0).off is False
+    a = Candidate("lexical", [5, 6], (0, 2), 1.0)
+    b = Candidate("lexical", [7], (3, 5), 0.5)
+    assert stats_key("lex2", [a]) == "lex2" and stats_key("lex2", [a, b]) == "lex2~"
+    assert stats_key("sem", [a, b]) == "sem"
