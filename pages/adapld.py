@@ -164,7 +164,7 @@ if trace is not None:
     sig = (source, id(trace), n)
     if ss.get("_ada_sig") != sig or not 1 <= int(ss.get("ada_round", 0) or 0) <= n:
         ss["_ada_sig"] = sig
-        ss["ada_round"] = n
+        ss["ada_round"] = va.default_round(trace)
     tree_rounds = [r.index + 1 for r in trace.rounds if r.parents is not None]
 
     def _jump(step: int) -> None:
@@ -233,7 +233,8 @@ if trace is not None:
     c[2].metric("No match", counts["none"], help="Nothing matched: a plain decoding step.")
     c[3].metric("Paused", counts["off"],
                 help="The matching source did not pay lately, so the adaptive control drafted "
-                     "nothing (it probes it again after 4, 8, 16, 32 rounds).")
+                     "nothing (it probes it again after 4, 8, 16, 32 rounds; a weak "
+                     "source, such as a one-token match, after 16, 32, 64).")
     c[4].metric("Tree rounds", len(tree_rounds), help="Rounds whose draft had several branches.")
     st.plotly_chart(va.fig_retrieval(trace, i), width="stretch", config=ui.PLOTLY_CONFIG,
                     key="ada_fig_retrieval")

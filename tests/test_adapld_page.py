@@ -321,11 +321,12 @@ def test_adapld_page_on_a_decode_run():
     at.switch_page("pages/adapld.py").run()
     assert_clean(at)
     assert at.session_state["ada_source"] == "decode"
-    assert at.slider(key="ada_round").value == 3
+    opened = va.default_round(dec)                  # the last round that drafted
+    assert at.slider(key="ada_round").value == opened
     h = page_html(at)
     assert 'class="adapld-ctx"' in h and "m-suffix" in h
     assert "m-lex" in h or "m-sem" in h
-    assert "adapld-summary" in h and "Round 3" in h
+    assert "adapld-summary" in h and f"Round {opened}" in h
     assert len(at.get("plotly_chart")) == 2          # the tree and the retrieval chart
     metrics = {m.label: m.value for m in at.metric}
     counts = va.retrieval_counts(dec)
@@ -393,3 +394,13 @@ def test_adapld_page_for_another_method_offers_an_adapld_run():
     # both runs are listed; switching back to the PLD run shows the warning again
     at.radio(key="ada_source").set_value("decode").run()
     assert not at.exception and at.warning
+
+
+def test_page_opens_on_the_last_round_that_drafted(trace):
+    assert va.default_round(trace) == 5                 # round 5 drafted (lex2)
+    trace.rounds = trace.rounds[:4]                     # rounds 3-4: nothing drafted
+    assert va.default_round(trace) == 2
+    trace.rounds = [r for r in trace.rounds if not r.draft]
+    assert va.default_round(trace) == len(trace.rounds)
+    trace.rounds = []
+    assert va.default_round(trace) == 1

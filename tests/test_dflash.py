@@ -375,7 +375,10 @@ def test_bundled_drafters_by_name():
 def test_bundled_drafter_greedy_lossless_on_real_prompts(embedded_target):
     from conftest import lossless_on_examples
 
-    runs = lossless_on_examples(embedded_target, "dflash", 4, 1)  # 5 categories x 4 prompts
+    # whole blocks (cut="off"): the drafter's own tau, whatever this machine's verify cost
+    # (the default cost-aware cut verifies less on a busy machine; it is lossless-tested with
+    # DSpark below and on the EDR drafter)
+    runs = lossless_on_examples(embedded_target, "dflash", 4, 1, cut="off")  # 5 x 4 prompts
     for _, df, _ in runs:
         assert all(len(r.extras["confidence"]) == len(r.draft) for r in df.rounds)
     tokens = sum(len(df.output_ids) for _, df, _ in runs)

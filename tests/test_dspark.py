@@ -208,7 +208,12 @@ def test_bundled_dspark_loads_strictly_and_only_for_its_target(tiny_target):
 def test_bundled_dspark_greedy_lossless_on_real_prompts(embedded_target):
     from conftest import lossless_on_examples
 
+    # the default cost-aware cut: lossless whatever it keeps. How much it keeps depends on this
+    # machine's measured verify cost (a busy machine verifies less), so tau is only required to
+    # show accepted drafts here; the drafter's own tau is checked on whole blocks (DFlash test)
     runs = lossless_on_examples(embedded_target, "dspark", 4, 1)  # 5 categories x 4 prompts
     tokens = sum(len(df.output_ids) for _, df, _ in runs)
     rounds = sum(df.num_rounds for _, df, _ in runs)
-    assert tokens / rounds > 1.2, f"the bundled DSpark drafter's tau is only {tokens / rounds:.2f}"
+    assert tokens / rounds > 1.0, f"the bundled DSpark drafter's tau is only {tokens / rounds:.2f}"
+    assert all(r.accepted <= len(r.draft) <= r.extras["cut"]["block"]
+               for _, ds, _ in runs for r in ds.rounds if r.draft)

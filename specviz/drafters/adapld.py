@@ -41,9 +41,9 @@ what followed it, as a chain or as a token tree of several hypotheses:
    :mod:`specviz.drafters.adapld_control`). Full acceptance raises a2 (D grows up to
    ``max_draft``), early rejection lowers a1 / a2 (D shrinks). When even D = 1 does not beat
    plain decoding by 3 %, the source is switched off (empty drafts, ``retrieval: "off"``) and
-   re-probed with a short chain after 4, 8, 16, 32 rounds. Alternative branches are kept only
-   while their expected gain (an EMA of the extra tokens an alternative branch delivered, per
-   alternative) pays for their extra nodes.
+   re-probed after 4, 8, 16, 32 rounds (weak sources: 16, 32, 64). Alternative branches are
+   kept only while their expected gain (an EMA of the extra tokens an alternative branch
+   delivered, per alternative) pays for their extra nodes.
 5. **Long copies** (editing and extraction tasks repeat long spans of the input). When a
    round's copy was accepted in full and the target's own token continued the same span, the
    next round follows that span (source ``copy``) instead of searching again, doubling the

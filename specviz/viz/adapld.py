@@ -512,6 +512,13 @@ def retrieval_table(trace: Trace) -> pd.DataFrame:
                                       "first_token_hit", "tau", "tree_rounds"])
 
 
+def default_round(trace: Trace) -> int:
+    """The round (1-based) a page opens on: the last one that drafted something (its matches
+    and copied continuation are what the page explains), else the last round."""
+    drafted = [r.index + 1 for r in trace.rounds if r.draft]
+    return drafted[-1] if drafted else max(1, trace.num_rounds)
+
+
 def fig_retrieval(trace: Trace, selected_round: int | None = None) -> go.Figure:
     """Per round, a bar coloured by the retrieval kind, its height the tokens committed that
     round (accepted + the target's token); the legend gives the totals per kind."""
