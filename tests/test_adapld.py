@@ -535,7 +535,8 @@ def test_weak_evidence_waits_for_a_probe_on_a_steep_curve_and_drafts_where_verif
     CPU curve (c(2) = 2.3) it starts paused, with probes 16 rounds apart; on a flat curve it
     drafts at once. A strong source (unanimous 2-gram) drafts on both."""
     from specviz.costs import CostModel
-    from specviz.drafters.adapld import WEAK_PROBE_GAPS, stats_key, Candidate
+    from specviz.drafters.adapld import Candidate
+    from specviz.drafters.adapld_control import WEAK_PROBE_GAPS, stats_key
 
     steep = CostModel.from_points([(1, 1.0), (2, 2.3), (16, 2.6), (64, 6.0)], 0.05)
     for curve, weak_off in ((steep, True), (CostModel.flat(0.05), False)):

@@ -78,8 +78,9 @@ import torch
 from ..errors import SettingsError
 from ..tree import TokenTree
 from ..costs import COST_CHOICES, cost_curve, model_key
-from .adapld_control import (EMA_DECAY, PROBE_GAPS, CopyFollower, SourceStats, continuation,
-                             experience, harmonic, inherited, remember)
+from .adapld_control import (EMA_DECAY, WEAK, WEAK_PRIOR, CopyFollower, SourceStats,
+                             continuation, experience, harmonic, inherited, probe_gaps, remember,
+                             stats_key)
 from .base import Draft, DraftContext, Drafter, VerifyFeedback
 from .registry import MethodSpec, ParamSpec, params_by_name
 
@@ -100,21 +101,6 @@ ON_MARGIN = 0.03               # a draft must beat plain decoding by 3% of a ste
 #: estimate: an exact match of two or more tokens is the evidence lookup rests on, and one
 #: failing semantic source must not pause it before it was ever tried
 OWN_PRIOR = ("lex2", "lex3")
-#: weak evidence: one matched token, candidates that disagree on the next token, or a
-#: semantic match (used only when lexical matching found at most one token). Such a source
-#: starts from a sceptical prior (a1 = 0.25, a2 = 0.5, two rounds of weight), not from the
-#: pooled record, which long exact copies make optimistic: on a steep verify-cost curve it then
-#: waits for a probe instead of drafting at once; where verifying is nearly free it still drafts
-WEAK = ("lex1", "lex1~", "lex2~", "sem", "semfree")
-WEAK_PRIOR = (0.5, 1.5, 1.0, 1.0)
-#: a paused weak source is re-probed after 16 rounds, doubling up to 64 (a strong one: 4 .. 32):
-#: a probe costs a verify forward, and a weak source seldom turns into a paying one
-WEAK_PROBE_GAPS = (16, 64)
-
-
-def probe_gaps(source: str) -> tuple[int, int]:
-    """(first, longest) rounds between probes of a paused source."""
-    return WEAK_PROBE_GAPS if source in WEAK else PROBE_GAPS
 PROBE_MAX = 64                 # longest probe draft (the prior's best length up to this)
 POOLED = "*"                   # the experience record's key for the pooled stats
 ALT_GAIN_PRIOR = 0.25          # prior extra accepted tokens per alternative branch (harmonic)
@@ -469,16 +455,6 @@ def semantic_candidates(windex: WindowIndex, tokens: Sequence[int], length: int,
 
 
 # ---------------------------------------------------------------------------- controller
-def stats_key(source: str, cands: Sequence[Candidate]) -> str:
-    """The adaptive control's key for a round: the retrieval source, split by whether the
-    candidates agree on the next token. Matches whose continuations disagree are far less
-    often right than unanimous ones of the same n-gram length (measured on dev rollouts: first
-    token right 10-30 % vs 30-70 % for 1-grams), so they keep their own acceptance record."""
-    if source.startswith("lex") and len({c.tokens[0] for c in cands if c.tokens}) > 1:
-        return source + "~"
-    return source
-
-
 @dataclass
 class _Pending:
     source: str
@@ -618,10 +594,7 @@ class AdaPLDDrafter(Drafter):
                 g = self.pooled
                 st = SourceStats(2.0 * g.a1, 2.0 * (1.0 - g.a1), 2.0 * g.a2, 2.0 * (1.0 - g.a2))
             if self.adaptive and st.best_length(self.max_draft, self.cost_model)[1] < 1.0 + ON_MARGIN:
-                st.off = True
-                first, most = probe_gaps(source)
-                st.next_probe = round_index + first
-                st.gap = min(most, 2 * first)
+                st.pause(round_index, probe_gaps(source))
             self.stats[source] = st
         return st
 
@@ -818,7 +791,7 @@ class AdaPLDDrafter(Drafter):
         if not self.adaptive:
             return
         _, thr = st.best_length(self.max_draft, self.cost_model)
-        first, most = probe_gaps(pend.source)
+        first, most = gaps = probe_gaps(pend.source)
         if st.off:                                   # this was a probe
             if thr >= 1.0 + ON_MARGIN:
                 st.off, st.gap = False, first
@@ -826,10 +799,7 @@ class AdaPLDDrafter(Drafter):
                 st.next_probe = rnd.index + 1 + st.gap
                 st.gap = min(most, 2 * st.gap)
         elif thr < 1.0 + ON_MARGIN:
-            st.off = True
-            st.gap = first
-            st.next_probe = rnd.index + 1 + st.gap
-            st.gap = min(most, 2 * st.gap)
+            st.pause(rnd.index + 1, gaps)
         remember(self.record, pend.source, st)
 
 

@@ -9,6 +9,8 @@ retrieval source has delivered and what a longer verify costs on this machine.
   own forwards; flat on an accelerator); ``"flat"`` the accelerator curve; ``"cpu"`` the fixed
   curve measured once on a busy 2-core CPU with torch on one thread (kept to reproduce earlier
   tables and for deterministic tests).
+* :func:`stats_key`, ``WEAK`` — which record a round's draft is judged on (the source, split by
+  whether its candidates agree), and the sceptical prior and sparse probes of weak evidence.
 * :class:`CopyFollower` — long copies: when a round's copied span was accepted in full and the
   target's own token continued it too, the next round continues from the same span (it has been
   right so far) instead of searching again, and the draft doubles (D, 2D, 4D ... up to
@@ -59,6 +61,13 @@ class SourceStats:
                 best = (d, thr)
         return best
 
+    def pause(self, now: int, gaps: tuple[int, int]) -> None:
+        """Switch off: the first probe ``gaps[0]`` rounds after ``now``, the next gap doubled
+        (up to ``gaps[1]``)."""
+        self.off = True
+        self.next_probe = now + gaps[0]
+        self.gap = min(gaps[1], 2 * gaps[0])
+
     def update(self, accepted: int, full: bool) -> None:
         self.s1 *= EMA_DECAY
         self.f1 *= EMA_DECAY
@@ -70,6 +79,33 @@ class SourceStats:
                 self.f2 += 1.0
         else:
             self.f1 += 1.0
+
+
+#: weak evidence: one matched token, candidates that disagree on the next token, or a
+#: semantic match (used only when lexical matching found at most one token). Such a source
+#: starts from a sceptical prior (a1 = 0.25, a2 = 0.5, two rounds of weight), not from the
+#: pooled record, which long exact copies make optimistic: on a steep verify-cost curve it then
+#: waits for a probe instead of drafting at once; where verifying is nearly free it still drafts
+WEAK = ("lex1", "lex1~", "lex2~", "sem", "semfree")
+WEAK_PRIOR = (0.5, 1.5, 1.0, 1.0)
+#: a paused weak source is re-probed after 16 rounds, doubling up to 64 (a strong one: 4 .. 32):
+#: a probe costs a verify forward, and a weak source seldom turns into a paying one
+WEAK_PROBE_GAPS = (16, 64)
+
+
+def probe_gaps(source: str) -> tuple[int, int]:
+    """(first, longest) rounds between probes of a paused source."""
+    return WEAK_PROBE_GAPS if source in WEAK else PROBE_GAPS
+
+
+def stats_key(source: str, cands: Sequence) -> str:
+    """The adaptive control's key for a round: the retrieval source, split by whether the
+    candidates agree on the next token. Matches whose continuations disagree are far less
+    often right than unanimous ones of the same n-gram length (measured on dev rollouts: first
+    token right 10-30 % vs 30-70 % for 1-grams), so they keep their own acceptance record."""
+    if source.startswith("lex") and len({c.tokens[0] for c in cands if c.tokens}) > 1:
+        return source + "~"
+    return source
 
 
 #: evidence a new run inherits from earlier runs of the same model on this machine, in rounds:
