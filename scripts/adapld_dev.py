@@ -20,13 +20,14 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from specviz.analysis.replay import Rollout, replay
-from specviz.bench import load_prompts
-from specviz.costs import CostModel, calibrate
-from specviz.drafters import make_drafter
-from specviz.editset import load_edit_prompts
-from specviz.engine import DecodeSettings, Session
-from specviz.models import load_target
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, no install
+from specviz.analysis.replay import Rollout, replay  # noqa: E402
+from specviz.bench import load_prompts  # noqa: E402
+from specviz.costs import CostModel, calibrate  # noqa: E402
+from specviz.drafters import make_drafter  # noqa: E402
+from specviz.editset import load_edit_prompts  # noqa: E402
+from specviz.engine import DecodeSettings, Session  # noqa: E402
+from specviz.models import load_target  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
