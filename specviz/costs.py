@@ -336,6 +336,13 @@ def cached_model(target) -> CostModel | None:
         return _CACHE.get(model_key(target))
 
 
+def pin_model(target, model: CostModel) -> None:
+    """Use ``model`` as the cost model of ``target`` in this process (e.g. a curve saved earlier,
+    so offline replays of several drafters are judged on one clock)."""
+    with _CACHE_LOCK:
+        _CACHE[model_key(target)] = model
+
+
 #: c(k) timed once with torch on 1 thread on a busy 2-core CPU (the ``cost="cpu"`` curve)
 FIXED_CPU_CURVE = ((1, 1.0), (2, 1.08), (3, 1.3), (4, 1.6), (8, 2.1), (16, 2.6), (32, 3.4),
                    (64, 5.0), (257, 14.0))

@@ -231,3 +231,12 @@ def test_calibrate_embedded_target_shows_the_cpu_step(embedded_target):
     # bound: the machine is shared and noisy); 64 is timed right after 2, unless load forbids
     assert m.relative(2) > 1.1, info
     assert m.relative(64) >= m.relative(2), info
+
+
+def test_a_pinned_model_is_the_targets_cost_model(tiny_target):
+    clear_cache()
+    saved = CostModel.from_points([(1, 1.0), (2, 2.3), (64, 6.0)], 0.05)
+    costs.pin_model(tiny_target, saved)
+    assert costs.cached_model(tiny_target) is saved
+    assert cost_model_for(tiny_target) is saved          # no calibration over it
+    clear_cache()
