@@ -63,39 +63,34 @@ Ablations (``ablation=``, bench names in brackets): ``"lexical"`` — lexical on
 [``adapld_lex``]; ``"semantic"`` — + semantic retrieval, chain [``adapld_sem``]; ``"branches"``
 (= the default, full method) — + token trees [``adapld``].
 
+Where each idea lives: lexical retrieval (n-gram index, candidates) in :mod:`.lookup`, semantic
+retrieval (window index, embedders) in :mod:`.semantic_lookup`, the adaptive control and long
+copies in :mod:`.adapld_control`, the settings table in :mod:`.adapld_params`; this module is the
+drafter that ties them together (retrieve -> plan -> hypotheses -> tree; observe).
+
 Measured figures (bench tables on the dev sets, the design notes behind the defaults) are in the
 README, section "AdaPLD and its ablations".
 """
 from __future__ import annotations
 
-import time
-from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-import torch
-
+from ..costs import cost_curve, model_key
 from ..errors import SettingsError
 from ..tree import TokenTree
-from ..costs import COST_CHOICES, cost_curve, model_key
 from .adapld_control import (EMA_DECAY, WEAK, WEAK_PRIOR, CopyFollower, SourceStats,
-                             continuation, experience, harmonic, inherited, probe_gaps, remember,
-                             stats_key)
+                             experience, harmonic, inherited, probe_gaps, remember, stats_key)
+from .adapld_params import ABLATIONS, DEFAULT_SIM_THRESHOLD, PARAMS
 from .base import Draft, DraftContext, Drafter, VerifyFeedback
-from .registry import MethodSpec, ParamSpec, params_by_name
+from .lookup import Candidate, NgramIndex, lexical_candidates
+from .registry import MethodSpec
+from .semantic_lookup import (WindowIndex, minilm_embed_fn, semantic_candidates,
+                              target_embed_fn)
 
-SEMANTIC_CHOICES = ("off", "minilm", "target_embed")
-DEFAULT_SEMANTIC = "target_embed"
-DEFAULT_SIM_THRESHOLD = {"minilm": 0.5, "target_embed": 0.9, "off": 0.5}
-ABLATIONS = {
-    "lexical": {"semantic": "off", "branches": False},
-    "semantic": {"semantic": DEFAULT_SEMANTIC, "branches": False},
-    "branches": {"semantic": DEFAULT_SEMANTIC, "branches": True},
-    "full": {"semantic": DEFAULT_SEMANTIC, "branches": True},
-}
-MAX_MATCHES_PER_NGRAM = 64     # most recent occurrences examined per suffix n-gram
-RECENCY_SCALE = 64.0           # tokens; recency term = 1 / (1 + distance / scale)
-W_NGRAM, W_RECENCY, W_VOTES = 0.5, 0.2, 0.3
+__all__ = ["AdaPLDDrafter", "Candidate", "NgramIndex", "WindowIndex", "lexical_candidates",
+           "minilm_embed_fn", "semantic_candidates", "target_embed_fn", "SPECS"]
+
 ON_MARGIN = 0.03               # a draft must beat plain decoding by 3% of a step to be worth it
 #: sources judged on their own record from the start (the default prior), not on the pooled
 #: estimate: an exact match of two or more tokens is the evidence lookup rests on, and one
@@ -106,352 +101,6 @@ POOLED = "*"                   # the experience record's key for the pooled stat
 ALT_GAIN_PRIOR = 0.25          # prior extra accepted tokens per alternative branch (harmonic)
 ALT_GAIN_DRIFT = 0.02          # per chain round, alt_gain drifts back towards the prior
 _UNSET: Any = object()
-PARAMS = params_by_name(
-    ParamSpec("max_ngram", int, 4, range=(1, 16), label="Longest n-gram",
-              help="Longest suffix n-gram looked up. The longest one found earlier in prompt + "
-                   "output wins."),
-    ParamSpec("min_ngram", int, 1, range=(1, 16), label="Shortest n-gram",
-              help="Shortest suffix n-gram looked up (at most the longest n-gram)."),
-    ParamSpec("max_draft", int, 8, range=(1, 64), label="Longest draft",
-              help="Most tokens in the best branch; the adaptive control picks the length up "
-                   "to this."),
-    ParamSpec("max_branches", int, 3, range=(1, 16), label="Most branches",
-              help="Most hypotheses merged into the draft tree; 1 = always a chain."),
-    ParamSpec("node_budget", int, 24, range=(1, 256), label="Tree node budget",
-              help="Most nodes in a draft tree: all branches together, verified in one target "
-                   "forward."),
-    ParamSpec("semantic", str, DEFAULT_SEMANTIC, choices=SEMANTIC_CHOICES,
-              label="Semantic retrieval",
-              help="Used when lexical matching finds < 2 tokens: target_embed (the target's own "
-                   "embeddings, free), minilm (needs the MiniLM package) or off."),
-    ParamSpec("window", int, 8, range=(2, 64), label="Semantic window",
-              help="Tokens per window compared by semantic retrieval."),
-    ParamSpec("adaptive", bool, True, label="Adaptive draft length",
-              help="Adapt draft length and branch count to the recent acceptance of each "
-                   "retrieval source, and pause sources that do not pay."),
-    ParamSpec("cost", str, "auto", choices=COST_CHOICES, label="Verify-cost model",
-              help="What a longer verify costs, for the adaptive draft length: auto = measured "
-                   "on the loaded model at start and refined from every round (flat on a GPU); "
-                   "cpu = a fixed curve timed once on a busy 2-core CPU; flat = accelerators."),
-    ParamSpec("learn", bool, False, label="Carry experience across prompts",
-              help="Start each source where earlier runs of this model in this process left "
-                   "it (its acceptance, and whether it was paused), instead of from the same "
-                   "prior every prompt: a source that never pays on this machine is not "
-                   "re-probed from scratch on every prompt.", advanced=True),
-    ParamSpec("max_copy", int, 64, range=(1, 256), label="Longest copy",
-              help="A copy that keeps being accepted doubles its draft each round (up to this "
-                   "many tokens); the first rejection falls back to the normal draft length. At "
-                   "or below the longest draft, long copies are off."),
-    ParamSpec("sim_threshold", float, None, range=(0, 1), label="Semantic similarity threshold",
-              help="Cosine similarity a window needs to be copied; unset = by embedder "
-                   "(target_embed 0.9, minilm 0.5).", advanced=True),
-    ParamSpec("free_threshold", float, None, range=(0, 1), label="Free-match threshold",
-              help="Similarity a window with no shared token needs; unset = two thirds of the "
-                   "way from the similarity threshold to 1.", advanced=True),
-    ParamSpec("branches", bool, True, label="Token trees",
-              help="Merge alternative hypotheses into a token tree (false = single chain).",
-              advanced=True),
-)
-
-
-# ---------------------------------------------------------------------------- lexical index
-class NgramIndex:
-    """Incremental index of a growing token list: n-gram tuple -> sorted end positions.
-
-    ``grams[(t_{e-n}, ..., t_{e-1})]`` lists every ``e`` (the position right after the n-gram,
-    i.e. where its continuation starts). :meth:`sync` only indexes tokens appended since the last
-    call; ``positions_indexed`` counts how many positions were ever indexed (tests use it to
-    prove there is no rescan).
-    """
-
-    def __init__(self, min_n: int = 1, max_n: int = 4):
-        self.min_n, self.max_n = int(min_n), int(max_n)
-        self.tokens: list[int] = []
-        self.grams: dict[tuple[int, ...], list[int]] = {}
-        self.positions_indexed = 0
-        self.resets = 0
-
-    def reset(self) -> None:
-        self.tokens = []
-        self.grams = {}
-        self.resets += 1
-
-    def extend(self, new_tokens: Sequence[int]) -> None:
-        toks = self.tokens
-        grams = self.grams
-        lo, hi = self.min_n, self.max_n
-        for t in new_tokens:
-            toks.append(int(t))
-            end = len(toks)
-            for n in range(lo, min(hi, end) + 1):
-                key = tuple(toks[end - n:end])
-                lst = grams.get(key)
-                if lst is None:
-                    grams[key] = [end]
-                else:
-                    lst.append(end)
-            self.positions_indexed += 1
-
-    def sync(self, tokens: Sequence[int]) -> int:
-        """Index what ``tokens`` added since the last call; returns the number of new tokens.
-        Tokens only ever get appended; if ``tokens`` is not a continuation of what was indexed
-        (checked on the last few indexed tokens) the index is rebuilt."""
-        n = len(self.tokens)
-        k = min(4, n)
-        if len(tokens) < n or (k and list(tokens[n - k:n]) != self.tokens[n - k:]):
-            self.reset()
-            n = 0
-        if len(tokens) > n:
-            self.extend(tokens[n:])
-        return len(tokens) - n
-
-    def ends(self, gram: Sequence[int]) -> list[int]:
-        return self.grams.get(tuple(int(t) for t in gram), [])
-
-    @classmethod
-    def build(cls, tokens: Sequence[int], min_n: int = 1, max_n: int = 4) -> "NgramIndex":
-        idx = cls(min_n, max_n)
-        idx.extend(tokens)
-        return idx
-
-
-# ---------------------------------------------------------------------------- semantic index
-EmbedFn = Callable[[list[list[int]]], torch.Tensor]
-
-
-class WindowIndex:
-    """Embeddings of every ``window``-token sliding window of the context, computed once each.
-
-    Window j ends at position ``window + j`` (exclusive), i.e. covers tokens[p - window : p] and
-    its continuation starts at p. :meth:`update` embeds only windows not embedded yet;
-    ``windows_embedded`` counts every embedding ever computed (no window is embedded twice).
-    """
-
-    def __init__(self, window: int, embed_fn: EmbedFn):
-        self.window = int(window)
-        self.embed_fn = embed_fn
-        self.vecs: torch.Tensor | None = None
-        self.count = 0
-        self.windows_embedded = 0
-        self.embed_time = 0.0
-
-    def reset(self) -> None:
-        self.vecs = None
-        self.count = 0
-
-    def update(self, tokens: Sequence[int], upto: int | None = None) -> int:
-        """Embed the windows ending at positions up to ``upto`` (default len(tokens))."""
-        upto = len(tokens) if upto is None else upto
-        w = self.window
-        first = w + self.count
-        if upto < first:
-            return 0
-        wins = [list(tokens[p - w:p]) for p in range(first, upto + 1)]
-        t0 = time.perf_counter()
-        new = self.embed_fn(wins).float().cpu()
-        self.embed_time += time.perf_counter() - t0
-        m = new.shape[0]
-        if self.vecs is None:
-            self.vecs = torch.zeros(max(64, 2 * m), new.shape[1])
-        elif self.count + m > self.vecs.shape[0]:
-            grown = torch.zeros(max(2 * self.vecs.shape[0], self.count + m), self.vecs.shape[1])
-            grown[:self.count] = self.vecs[:self.count]
-            self.vecs = grown
-        self.vecs[self.count:self.count + m] = new
-        self.count += m
-        self.windows_embedded += m
-        return m
-
-    def query(self, tokens: Sequence[int], top_k: int, threshold: float,
-              ends: Sequence[int] | None = None) -> list[tuple[int, float]]:
-        """Windows most similar to the last ``window`` tokens: [(end position, cosine)], best first.
-
-        Candidates end at p in [window, L - window] (no overlap with the query window), or only at
-        the given ``ends``; they are kept at least window/2 apart (non-maximum suppression) and
-        only similarities >= ``threshold`` are returned."""
-        w = self.window
-        L = len(tokens)
-        if L < 2 * w or top_k <= 0:
-            return []
-        self.update(tokens, L)
-        q = self.vecs[L - w]
-        if ends is None:
-            pos = torch.arange(w, L - w + 1)
-        else:
-            pos = torch.tensor(sorted({int(e) for e in ends if w <= e <= L - w}), dtype=torch.long)
-            if pos.numel() == 0:
-                return []
-        sims = self.vecs[pos - w] @ q
-        keep = sims >= threshold
-        pos, sims = pos[keep], sims[keep]
-        order = torch.argsort(sims, descending=True).tolist()
-        gap = max(1, w // 2)
-        out: list[tuple[int, float]] = []
-        for j in order:
-            p = int(pos[j])
-            if all(abs(p - q_) >= gap for q_, _ in out):
-                out.append((p, float(sims[j])))
-                if len(out) >= top_k:
-                    break
-        return out
-
-
-def target_embed_fn(target) -> EmbedFn:
-    """Window embedding from the target's own input embeddings: centred mean, L2-normalised.
-    Computed where the embedding matrix lives (no copy of it); returns float32 CPU rows."""
-    weight = target.model.get_input_embeddings().weight.detach()
-    with torch.inference_mode():
-        mean = weight.float().mean(0)
-
-    def embed(wins: list[list[int]]) -> torch.Tensor:
-        idx = torch.tensor(wins, dtype=torch.long, device=weight.device)
-        with torch.inference_mode():
-            v = weight[idx].float().mean(1) - mean
-            return torch.nn.functional.normalize(v, dim=-1).cpu()
-
-    return embed
-
-
-def minilm_embed_fn(tokenizer, model=None) -> EmbedFn:
-    """Window embedding with all-MiniLM-L6-v2 on the decoded text of each window."""
-    from ..embedder import load_minilm
-
-    st = model if model is not None else load_minilm("cpu")
-
-    def embed(wins: list[list[int]]) -> torch.Tensor:
-        texts = [tokenizer.decode(w, skip_special_tokens=True) for w in wins]
-        with torch.inference_mode():
-            v = st.encode(texts, batch_size=64, convert_to_tensor=True,
-                          normalize_embeddings=True, show_progress_bar=False)
-        return v.float().cpu()
-
-    return embed
-
-
-# ---------------------------------------------------------------------------- candidates
-@dataclass
-class Candidate:
-    kind: str                    # "lexical" | "semantic"
-    tokens: list[int]            # the continuation to propose
-    span: tuple[int, int]        # matched window in the context (absolute positions)
-    score: float
-    ngram: int | None = None
-    similarity: float | None = None
-    votes: int = 1
-
-    def to_extra(self, length: int | None = None) -> dict:
-        """JSON-ready record; ``length``: how many continuation tokens were drafted."""
-        s, e = self.span
-        toks = self.tokens if length is None else self.tokens[:length]
-        return {"kind": self.kind, "span": [int(s), int(e)],
-                "copy_from": [int(e), int(e) + len(toks)], "score": round(self.score, 4),
-                "ngram": self.ngram,
-                "similarity": None if self.similarity is None else round(self.similarity, 4),
-                "votes": int(self.votes), "tokens": [int(t) for t in toks]}
-
-
-def lexical_candidates(index: NgramIndex, length: int, eos: set[int] | frozenset = frozenset(),
-                       max_ngram: int | None = None, min_ngram: int | None = None,
-                       ) -> tuple[int, list[Candidate]]:
-    """Lexical retrieval on ``index.tokens``: (longest matched n or 0, ranked candidates).
-
-    Candidates come from every earlier occurrence (64 most recent per n) of the suffix n-grams
-    from the longest matched n down to ``min_ngram``; identical continuations are merged (their
-    votes add up). Score = 0.5 n/max_ngram + 0.2 recency + 0.3 votes, votes being the fraction
-    of examined matches whose continuation starts with the same one/two tokens."""
-    toks = index.tokens
-    L = len(toks)
-    hi = min(index.max_n if max_ngram is None else max_ngram, L - 1)
-    lo = index.min_n if min_ngram is None else min_ngram
-    best_n = 0
-    raw: list[tuple[int, int, list[int]]] = []   # (n, end, continuation)
-    seen_ends: set[int] = set()
-    for n in range(hi, lo - 1, -1):
-        ends = index.grams.get(tuple(toks[L - n:]))
-        if not ends:
-            continue
-        cut = bisect_left(ends, L)                # drop the current position itself
-        usable = ends[max(0, cut - MAX_MATCHES_PER_NGRAM):cut]
-        found = False
-        for e in reversed(usable):
-            if e in seen_ends:
-                continue
-            seen_ends.add(e)
-            cont = continuation(toks, e, length, eos)
-            if cont:
-                raw.append((n, e, cont))
-                found = True
-        if found and not best_n:
-            best_n = n
-    if not raw:
-        return 0, []
-    first: dict[int, int] = {}
-    first2: dict[tuple[int, ...], int] = {}
-    for _, _, c in raw:
-        first[c[0]] = first.get(c[0], 0) + 1
-        first2[tuple(c[:2])] = first2.get(tuple(c[:2]), 0) + 1
-    total = len(raw)
-    norm_n = max(1, index.max_n if max_ngram is None else max_ngram)
-    merged: dict[tuple[int, ...], Candidate] = {}
-    for n, e, c in raw:
-        votes = (first[c[0]] + first2[tuple(c[:2])]) / (2.0 * total)
-        recency = 1.0 / (1.0 + (L - e) / RECENCY_SCALE)
-        score = W_NGRAM * n / norm_n \
-            + W_RECENCY * recency + W_VOTES * votes
-        key = tuple(c)
-        old = merged.get(key)
-        if old is None:
-            merged[key] = Candidate("lexical", c, (e - n, e), score, ngram=n)
-        else:
-            old.votes += 1
-            if score > old.score:
-                old.score, old.span, old.ngram = score, (e - n, e), n
-    ranked = sorted(merged.values(), key=lambda c: (-c.score, -c.span[1]))
-    # A continuation cut short (by an EOS) is extended by a match predicting the same tokens
-    # and more (same prediction, more tokens to draft), keeping the better score and adding
-    # the votes.
-    cands: list[Candidate] = []
-    for c in ranked:
-        for k in cands:
-            if len(c.tokens) > len(k.tokens) and c.tokens[:len(k.tokens)] == k.tokens:
-                k.tokens, k.span, k.ngram = c.tokens, c.span, c.ngram
-                k.votes += c.votes
-                break
-            if c.tokens == k.tokens[:len(c.tokens)]:
-                break          # a prefix of a better candidate: adds nothing
-        else:
-            cands.append(c)
-    return best_n, cands
-
-
-def semantic_candidates(windex: WindowIndex, tokens: Sequence[int], length: int, top_k: int,
-                        threshold: float, eos: set[int] | frozenset = frozenset(),
-                        aligned: bool = True, index: NgramIndex | None = None) -> list[Candidate]:
-    """Semantic retrieval: context windows similar to the last ``window`` tokens, and what
-    followed them, best first.
-
-    ``aligned=True`` only considers windows that end with the current last token (the unigram
-    anchors; ``index`` supplies them), so the copied continuation is aligned with the suffix;
-    ``aligned=False`` considers every earlier window (paraphrases with no shared token)."""
-    L = len(tokens)
-    ends = None
-    if aligned:
-        if not L:
-            return []
-        if index is not None and len(index.tokens) == L:
-            ends = index.ends([tokens[-1]])
-        else:
-            last = tokens[-1]
-            ends = [e for e in range(1, L) if tokens[e - 1] == last]
-        if not ends:
-            return []
-    out = []
-    for p, sim in windex.query(tokens, top_k, threshold, ends):
-        cont = continuation(tokens, p, length, eos)
-        if cont:
-            out.append(Candidate("semantic", cont, (p - windex.window, p), float(sim),
-                                 similarity=float(sim)))
-    return out
 
 
 # ---------------------------------------------------------------------------- controller
@@ -652,41 +301,11 @@ class AdaPLDDrafter(Drafter):
             return Draft(extras=self._extras(kind, "", [], suffix))
         key = stats_key(source, cands)
         st = self.source_stats(key, ctx.round_index)
-        probe = False
-        if self.adaptive:
-            d, _ = st.best_length(depth_cap, self.cost_model)
-            if st.off:
-                if self._paused(st, ctx.round_index):
-                    return Draft(extras=self._extras("off", source, cands[:3], suffix, used=0,
-                                                     key=key))
-                probe = True  # as long as the prior would draft: short where a longer
-                d = SourceStats().best_length(min(depth_cap, PROBE_MAX), self.cost_model)[0]
-            max_alts = self.max_branches - 1 if self.branches and not probe else 0
-        else:
-            d = depth_cap
-            max_alts = self.max_branches - 1 if self.branches else 0
-        alt_len = max(1, (d + 1) // 2)
-        seqs: list[list[int]] = []
-        chosen: list[Candidate] = []
-        for c in cands:
-            seq = c.tokens[:d if not seqs else alt_len]
-            if any(s[:len(seq)] == seq for s in seqs):
-                continue  # adds no node to the tree
-            seqs.append(seq)
-            chosen.append(c)
-            if len(seqs) > max_alts:
-                break
-        n_seq = len(seqs)
-        if self.adaptive and n_seq > 1:
-            # keep the number of alternatives that maximises expected tokens per verify cost
-            base = 1.0 + st.expected_accepted(len(seqs[0]))
-            best_k, best_thr = 0, -1.0
-            for k in range(n_seq):
-                nodes = len(TokenTree.from_sequences(seqs[:k + 1], max_nodes=self.node_budget))
-                val = (base + self.alt_gain * harmonic(k)) / self.cost_model.relative(nodes + 1)
-                if val > best_thr + 1e-9:
-                    best_k, best_thr = k, val
-            seqs, chosen = seqs[:best_k + 1], chosen[:best_k + 1]
+        plan = self._plan(st, depth_cap, ctx.round_index)
+        if plan is None:   # the source is paused
+            return Draft(extras=self._extras("off", source, cands[:3], suffix, used=0, key=key))
+        d, probe, max_alts = plan
+        seqs, chosen = self._hypotheses(cands, d, max_alts, st)
         tree = TokenTree.from_sequences(seqs, max_nodes=self.node_budget)
         pend = _Pending(key, probe, min(len(seqs[0]), self.node_budget), n_alts=len(seqs) - 1,
                         copy_from=chosen[0].span[1])
@@ -700,6 +319,48 @@ class AdaPLDDrafter(Drafter):
                                     draft_len=d, nodes=len(tree.tokens), probe=probe,
                                     used=len(chosen), used_lens=[len(q) for q in seqs], key=key)
         return draft
+
+    def _plan(self, st: SourceStats, depth_cap: int, round_index: int
+              ) -> tuple[int, bool, int] | None:
+        """(draft length D, is it a probe, most alternative branches) for a round whose best
+        match comes from the source ``st``; None while that source is paused. A probe of a
+        switched-off source drafts a chain as long as the default prior would."""
+        alts = self.max_branches - 1 if self.branches else 0
+        if not self.adaptive:
+            return depth_cap, False, alts
+        if st.off:
+            if self._paused(st, round_index):
+                return None
+            return SourceStats().best_length(min(depth_cap, PROBE_MAX), self.cost_model)[0], \
+                True, 0
+        return st.best_length(depth_cap, self.cost_model)[0], False, alts
+
+    def _hypotheses(self, cands: list[Candidate], d: int, max_alts: int, st: SourceStats
+                    ) -> tuple[list[list[int]], list[Candidate]]:
+        """The sequences to merge into the draft tree, best first: the best candidate's first
+        ``d`` tokens, then up to ``max_alts`` alternatives of ceil(d/2) tokens that add a node.
+        Adaptive: only as many alternatives as maximise expected tokens per verify cost."""
+        alt_len = max(1, (d + 1) // 2)
+        seqs: list[list[int]] = []
+        chosen: list[Candidate] = []
+        for c in cands:
+            seq = c.tokens[:d if not seqs else alt_len]
+            if any(s[:len(seq)] == seq for s in seqs):
+                continue  # adds no node to the tree
+            seqs.append(seq)
+            chosen.append(c)
+            if len(seqs) > max_alts:
+                break
+        if self.adaptive and len(seqs) > 1:
+            base = 1.0 + st.expected_accepted(len(seqs[0]))
+            best_k, best_val = 0, -1.0
+            for k in range(len(seqs)):
+                nodes = len(TokenTree.from_sequences(seqs[:k + 1], max_nodes=self.node_budget))
+                val = (base + self.alt_gain * harmonic(k)) / self.cost_model.relative(nodes + 1)
+                if val > best_val + 1e-9:
+                    best_k, best_val = k, val
+            seqs, chosen = seqs[:best_k + 1], chosen[:best_k + 1]
+        return seqs, chosen
 
     def _follow(self, ctx: DraftContext) -> Draft | None:
         """A long copy: the span that was right last round, continued -- or re-found near

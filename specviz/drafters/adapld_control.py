@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..costs import CostModel
+from .lookup import continuation
 
 EMA_DECAY = 0.85
 PRIOR = (1.2, 0.8, 1.4, 0.6)   # pseudo-counts (s1, f1, s2, f2): a1 = 0.6, a2 = 0.7 at the start
@@ -146,24 +147,6 @@ def inherited(store: dict[str, tuple], source: str, round_index: int) -> "Source
         st.off, st.gap = True, int(gap)
         st.next_probe = round_index + st.gap
     return st
-
-
-def continuation(tokens: Sequence[int], start: int, length: int, eos) -> list[int]:
-    """Up to ``length`` tokens copied from ``start``, stopping before an EOS: what a copy from
-    ``start`` drafts. A copy that reaches the end of the context continues with its own tokens
-    (an overlapping LZ77 copy: ``out[i] = (tokens + out)[start + i]``), so a text caught in a
-    loop of period ``len(tokens) - start`` is drafted to full length, not cut at the end."""
-    L = len(tokens)
-    if not 0 <= start < L:
-        return []
-    out: list[int] = []
-    for i in range(length):
-        j = start + i
-        t = int(tokens[j]) if j < L else out[j - L]
-        if t in eos:
-            break
-        out.append(t)
-    return out
 
 
 def harmonic(k: int) -> float:
