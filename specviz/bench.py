@@ -240,6 +240,7 @@ def iter_side_by_side(target, methods: list[str], prompts: list[PromptItem], set
     """Run ``baseline`` then every method on each prompt (interleaved, so each method is timed
     under the same machine state as its baseline). Yields ``(item, method, session, wall_s)``;
     ``on_tokens(generated, max_new_tokens, method, item, runs_done)`` reports progress."""
+    from .costs import cost_curve
     from .drafters import make_drafter
     from .engine import Session
 
@@ -248,6 +249,9 @@ def iter_side_by_side(target, methods: list[str], prompts: list[PromptItem], set
     method_params = check_methods(order, method_params)
     for m in order:  # fail fast on what only a built drafter checks (checkpoints, cross-checks)
         make_drafter(m, target, **method_params.get(m, {}))
+    # the verify-cost model (<= 1.5 s, once per process) is measured before the first timed run,
+    # so no method's first prompt pays for it
+    cost_curve("auto", target)
     done = 0
     for item in prompts:
         for m in order:

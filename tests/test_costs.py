@@ -240,3 +240,25 @@ def test_a_pinned_model_is_the_targets_cost_model(tiny_target):
     assert costs.cached_model(tiny_target) is saved
     assert cost_model_for(tiny_target) is saved          # no calibration over it
     clear_cache()
+
+
+def test_a_bench_measures_the_cost_model_before_its_first_timed_run(tiny_target, monkeypatch):
+    """No method's first prompt pays for the calibration: it happens before any Session."""
+    from specviz import engine
+    from specviz.bench import PromptItem, iter_side_by_side
+    from specviz.engine import DecodeSettings
+
+    clear_cache()
+    seen = []
+    real_init = engine.Session.__init__
+
+    def spy(self, target, *a, **k):
+        seen.append(costs.cached_model(target) is not None)
+        real_init(self, target, *a, **k)
+
+    monkeypatch.setattr(engine.Session, "__init__", spy)
+    runs = list(iter_side_by_side(tiny_target, ["pld"], [PromptItem("p", "c", "1 2 3 1 2 3")],
+                                  DecodeSettings(max_new_tokens=4)))
+    assert [m for _, m, _, _ in runs] == ["ar", "pld"]
+    assert seen == [True, True]
+    clear_cache()
