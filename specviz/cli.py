@@ -497,8 +497,8 @@ def _add_train_dflash(tsub) -> None:
                    help="rollouts folder: its train split is trained on, its eval split gives "
                    "the simulated held-out tau")
     p.add_argument("--prefill", action="append", default=[],
-                   help="prefill-labelled folder (`train prefill`) added to the training data; "
-                   "repeatable")
+                   help="more training data, all its rows: a prefill-labelled folder (`train "
+                   "prefill`) or another rollouts folder (`train rollouts`); repeatable")
     p.add_argument("--out", required=True)
     p.add_argument("--model", default=None, help="target (default: the rollouts' model)")
     p.add_argument("--device", default=None)

@@ -38,7 +38,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..drafters.dflash import MAX_BLOCK_SIZE, DFlashDraftModel, _rope, new_dflash_for_target
+from ..drafters.dflash import MAX_BLOCK_SIZE, DFlashDraftModel, new_dflash_for_target
+from ..drafters.dflash_model import _rope
 from ..errors import SettingsError, SpecvizError
 from .rollouts import RolloutSet, read_meta
 
