@@ -430,7 +430,9 @@ def _add_show_and_bench(sub, methods: str, epilog: str) -> None:
                        epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p)
     p.add_argument("--methods", default="ar,pld",
-                   help=f"comma-separated, from: {methods} (AR always runs)")
+                   help=f"comma-separated, from: {methods} (AR always runs); METHOD@LABEL runs "
+                   "a method again under another name with its own --params, e.g. "
+                   "dflash,dflash@new")
     p.add_argument("--data", action="append", required=True,
                    help="prompt file (Spec-Bench, GSM8K, MBPP, Alpaca jsonl, examples, or .txt); "
                    "FILE:N keeps N prompts per category of that file; edit:MBPP_FILE[:N[:START]] "

@@ -132,3 +132,23 @@ def test_bench_runner_on_tiny_model(tiny_target, tmp_path):
     paths = res.save(tmp_path)
     assert paths["table_csv"].read_text().startswith("method,category,prompts,tau")
     assert "| pld | all |" in format_table(table)
+
+
+def test_bench_runs_one_method_twice_under_labels(tiny_target):
+    """``METHOD@LABEL``: the same method with other settings in the same run (e.g. two DFlash
+    checkpoints); each label keeps its own settings and rows."""
+    from specviz.bench import PromptItem
+    from specviz.drafters import make_drafter
+
+    prompts = [PromptItem("p", "rep", " ".join(f"t{x}" for x in [5, 6, 7, 8] * 4))]
+    res = run_bench(tiny_target, ["pld", "pld@short"], prompts, DecodeSettings(max_new_tokens=16),
+                    method_params={"pld@short": {"num_output_tokens": 1}})
+    rows = {r.method: r for r in res.rows}
+    assert set(rows) == {"ar", "pld", "pld@short"}
+    assert rows["pld@short"].identical_to_ar and rows["pld"].identical_to_ar
+    assert rows["pld@short"].tau <= 2.0 < rows["pld"].tau   # one-token drafts vs ten
+    assert make_drafter("pld@short", num_output_tokens=1).num_output_tokens == 1
+    with pytest.raises(SpecvizError, match="label after '@' cannot be empty"):
+        make_drafter("pld@")
+    with pytest.raises(SpecvizError, match="unknown method 'nope'"):
+        make_drafter("nope@x")

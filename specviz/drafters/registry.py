@@ -242,11 +242,18 @@ def registry(*specs: MethodSpec) -> dict[str, MethodSpec]:
 
 
 def lookup(methods: Mapping[str, MethodSpec], name: str) -> MethodSpec:
-    """The spec of method ``name`` (case and spaces ignored), or a SettingsError listing all."""
+    """The spec of method ``name`` (case and spaces ignored), or a SettingsError listing all.
+
+    ``METHOD@LABEL`` (e.g. ``dflash@new``) is the same method under another name, so one bench
+    can run it twice with different settings (``--params '{"dflash@new": {...}}'``)."""
     key = str(name or "").strip().lower()
-    if key not in methods:
-        raise SettingsError(f"unknown method '{key}' (choose from: {', '.join(methods)})")
-    return methods[key]
+    base, at, label = key.partition("@")
+    if at and not label.strip():
+        raise SettingsError(f"'{key}': a method label after '@' cannot be empty "
+                            "(e.g. dflash@new)")
+    if base not in methods:
+        raise SettingsError(f"unknown method '{base}' (choose from: {', '.join(methods)})")
+    return methods[base]
 
 
 __all__ = ["KINDS", "MethodSpec", "ParamSpec", "lookup", "params_by_name", "registry"]
