@@ -387,6 +387,20 @@ def test_bundled_drafter_greedy_lossless_on_real_prompts(embedded_target):
 
 
 @pytest.mark.integration
+def test_bundled_drafter_with_the_cost_aware_cut_is_lossless_on_real_prompts(embedded_target):
+    """The default cut (verify only the prefix of the block that pays on this machine) never
+    changes the output: greedy lossless on 20 prompts, every round drafting what the cut kept."""
+    from conftest import lossless_on_examples
+
+    runs = lossless_on_examples(embedded_target, "dflash", 4, 1)  # cut="auto", 5 x 4 prompts
+    cut_rounds = [r for _, df, _ in runs for r in df.rounds if r.extras.get("cut")]
+    assert cut_rounds, "no round recorded its cut"
+    for r in cut_rounds:
+        c = r.extras["cut"]
+        assert r.accepted <= len(r.draft) <= c["kept"] <= c["block"]   # the budget may clip
+
+
+@pytest.mark.integration
 def test_bundled_edr_t1_drafter_by_name_on_real_prompts(embedded_target):
     """The EDR-fine-tuned (sampled, T = 1) DFlash drafter, selected by its bundled name:
     greedy output identical to AR, and a sampled run drafts with the drafter's own q."""

@@ -36,7 +36,6 @@ def continuation(tokens: Sequence[int], start: int, length: int, eos) -> list[in
     return out
 
 
-
 class NgramIndex:
     """Incremental index of a growing token list: n-gram tuple -> sorted end positions.
 
