@@ -14,11 +14,19 @@ python -m specviz train rollouts \
   --data $D/mbpp.jsonl:400 --exclude $D/mbpp.jsonl:180 \
   --data $D/spec_bench_dev.jsonl:80 --exclude $D/spec_bench_dev.jsonl:28 \
   --out runs/more-rollouts --max-new-tokens 128 --batch-size 24 --holdout 0
-# 2. continue the bundled drafter on them + the 164 EDR rollouts; the simulated held-out tau is
-#    measured on runs/eval-rollouts (all of it is the eval split)
+# 2. continue the FIRST bundled drafter (the weights before this retraining, taken from git
+#    history: the bundled folder now holds the result) on them + the 164 EDR rollouts; the
+#    simulated held-out tau is measured on runs/eval-rollouts (all of it is the eval split)
+OLD=runs/dflash-old
+if [ ! -f $OLD/model.safetensors ]; then
+  mkdir -p $OLD
+  for f in config.json model.safetensors; do
+    git show e3d290a:specviz/weights/dflash-smollm2-135m-instruct/$f > $OLD/$f
+  done
+fi
 python -m specviz train dflash --rollouts runs/eval-rollouts \
   --prefill runs/more-rollouts --prefill runs/edr-rollouts \
-  --init specviz/weights/dflash-smollm2-135m-instruct --out runs/dflash-c1 \
+  --init $OLD --out runs/dflash-c1 \
   --block-size 8 --layers 2 --steps ${STEPS:-1200} --batch-size 8 --anchors-per-seq 16 \
   --lr 4e-4 --gamma 4 --eval-every 200 --eval-rollouts 32 --save-dtype bfloat16
 # 3. exact offline comparison on all 88 held-out rollouts

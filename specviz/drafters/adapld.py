@@ -225,10 +225,12 @@ class AdaPLDDrafter(Drafter):
 
     # ------------------------------------------------------------------ retrieval
     def source_stats(self, source: str, round_index: int = 0) -> SourceStats:
-        """Stats of one retrieval source. A source seen for the first time starts from the
-        pooled estimate of all sources (weight of two rounds), so after a run of rejections a
-        new kind of match does not get a fresh optimistic budget; if even that estimate does
-        not pay, it starts switched off (first probe after 4 rounds)."""
+        """Stats of one retrieval source (``learn``: inherited from earlier runs first). A source
+        seen for the first time starts from the default prior (``lex2`` / ``lex3``), from the
+        sceptical prior (weak evidence, ``WEAK``), or else from the pooled estimate of all
+        sources (weight of two rounds), so after a run of rejections a new kind of match does
+        not get a fresh optimistic budget; if its start does not pay, it starts switched off
+        (first probe after :func:`probe_gaps` rounds)."""
         st = self.stats.get(source)
         if st is None and self.learn:
             st = inherited(self.record, source, round_index)
