@@ -6,7 +6,7 @@ import random
 
 from specviz.analysis.lossless import compare_outputs
 from specviz.costs import CostModel
-from specviz.drafters.block_cut import BlockCut
+from specviz.drafters.block_cut import PROBE_GAPS, BlockCut, ForwardGate
 from specviz.drafters.dflash import DFlashDrafter, new_dflash_for_target
 from specviz.engine import DecodeSettings, Session, generate
 
@@ -48,6 +48,9 @@ def test_dflash_with_the_cut_is_lossless_and_records_why(tiny_target):
             cut = r.extras.get("cut")
             if cut is None:                       # the last round may have no room to draft
                 continue
+            if cut.get("paused"):                 # the forward gate paused the drafter
+                assert r.draft == [] and cut["kept"] == 0 and cut["rate"] < 1.0
+                continue
             assert len(r.draft) == cut["kept"] <= cut["block"] <= 7
             assert len(cut["value"]) == cut["block"] + 1
             assert cut["value"][cut["kept"]] >= max(cut["value"]) - 1e-3  # (values rounded)
@@ -66,3 +69,59 @@ def test_slot_chart_shows_where_the_block_was_cut():
     cut = next(d for d in fig.data if d.name == "cut (not verified)")
     assert list(cut.x) == [3, 4] and list(cut.y) == [0.3, 0.2]
     assert any("cut after 2" in (a.text or "") for a in fig.layout.annotations)
+
+
+def test_the_forward_gate_pauses_a_drafter_that_does_not_pay_and_probes_it():
+    gate = ForwardGate()
+    rnd = 0
+    while not gate.off:                      # every drafted round: 1 token for 1.6 steps
+        assert gate.wants(rnd) and rnd < 10
+        gate.observe(rnd, 1, 1.6)
+        rnd += 1
+    assert gate.rate < 1.0 and 2 <= rnd <= 6
+    waits = []
+    for _ in range(4):                       # failed probes: 4, 8, 16, 32 rounds apart
+        first = next(i for i in range(rnd, rnd + 100) if gate.wants(i))
+        waits.append(first - rnd)
+        gate.observe(first, 1, 1.6)
+        rnd = first + 1
+    assert waits == [4, 8, 16, 32]          # plain steps before each probe
+    assert gate.gap == PROBE_GAPS[1]
+    first = next(i for i in range(rnd, rnd + 100) if gate.wants(i))
+    gate.observe(first, 4, 1.6)              # a probe that pays switches it back on
+    assert not gate.off and gate.wants(first + 1) and gate.gap == PROBE_GAPS[0]
+
+
+def test_the_forward_gate_keeps_a_drafter_that_pays():
+    gate = ForwardGate()
+    for rnd in range(200):
+        assert gate.wants(rnd)
+        gate.observe(rnd, 2 if rnd % 2 else 1, 1.4)   # 1.5 tokens per 1.4 steps
+    assert not gate.off and gate.rate > 1.0
+
+
+def test_dflash_paused_rounds_run_no_drafter_forward_and_stay_lossless(tiny_target, monkeypatch):
+    """cut="auto" on a random drafter and a steep curve: the gate pauses it; a paused round is a
+    plain step without the drafter's forward (counted), and the output is still AR's."""
+    import specviz.drafters.dflash as dflash_mod
+    timed = CostModel.from_points([(1, 1.0), (2, 1.9), (4, 3.5), (8, 7.0)], 1e-4)  # a 0.1 ms step
+    monkeypatch.setattr(dflash_mod, "cost_curve", lambda *a, **k: timed)
+    rng = random.Random(7)
+    ids = repetitive_prompt(rng, 64, 30)
+    s = DecodeSettings(max_new_tokens=40)
+    model = new_dflash_for_target(tiny_target, num_layers=1, block_size=8, seed=3)
+    drafter = DFlashDrafter(tiny_target, model=model, cut="auto")
+    calls = []
+    real = drafter.block_hidden
+    monkeypatch.setattr(drafter, "block_hidden", lambda t: calls.append(1) or real(t))
+    tr = Session(tiny_target, drafter, ids, s).run()
+    ar = generate(tiny_target, "ar", ids, s)
+    assert compare_outputs(tiny_target, ids, ar.output_ids, tr.output_ids).ok
+    paused = [r for r in tr.rounds if (r.extras.get("cut") or {}).get("paused")]
+    drafted = [r for r in tr.rounds if r.extras.get("cut") and not r.extras["cut"].get("paused")]
+    assert paused and all(r.draft == [] for r in paused)
+    assert len(calls) == len(drafted)            # one drafter forward per non-paused round
+    block = DFlashDrafter(tiny_target, model=model, cut="block")   # the cut without the pause
+    tb = Session(tiny_target, block, ids, s).run()
+    assert not any((r.extras.get("cut") or {}).get("paused") for r in tb.rounds)
+    assert compare_outputs(tiny_target, ids, ar.output_ids, tb.output_ids).ok

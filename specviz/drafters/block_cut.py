@@ -11,6 +11,14 @@ with p_i the drafter's confidence in slot i (its top probability) times a per-sl
 factor learned online (accepted / confidence over the rounds that reached the slot: drafters are
 rarely calibrated), and d the drafter's own forward in one-token-forward units (paid whatever
 is kept). k* = 0 means a plain decoding step. Verification is unchanged, so output is too.
+
+The drafter's forward itself is not free either (d above, ~0.1-0.3 of a step on a CPU), and it
+is paid even when the cut keeps nothing. :class:`ForwardGate` decides, before the forward,
+whether to run the drafter at all: it keeps decayed sums of the tokens that drafted rounds
+committed and of what they cost (c(kept + 1) + d, in one-token forwards); while that rate stays
+below a plain step's (1 token per unit), the drafter is paused -- rounds are plain decoding
+steps with no drafter forward -- and probed after 4, 8, 16, 32 rounds. A probe that pays
+switches it back on. On an accelerator (flat curve, d ~ 0) it almost never pauses.
 """
 from __future__ import annotations
 
@@ -21,6 +29,45 @@ from ..costs import CostModel
 
 DECAY = 0.95     # per round, for the calibration sums
 P_MAX = 0.995
+GATE_DECAY = 0.9            # per drafted round, for the forward gate's sums
+GATE_PRIOR = (7.5, 6.0)     # prior (tokens, cost): three rounds at 1.25 tokens per step
+PROBE_GAPS = (4, 32)        # first and longest wait before a paused drafter is probed
+
+
+@dataclass
+class ForwardGate:
+    """Whether a round runs the drafter at all (see the module docstring)."""
+
+    tokens: float = GATE_PRIOR[0]   # decayed tokens committed by drafted rounds
+    cost: float = GATE_PRIOR[1]     # decayed cost of those rounds, in one-token forwards
+    off: bool = False
+    next_probe: int = 0
+    gap: int = PROBE_GAPS[0]
+
+    @property
+    def rate(self) -> float:
+        """Tokens per one-token forward of the drafted rounds (a plain step: 1.0)."""
+        return self.tokens / max(1e-9, self.cost)
+
+    def wants(self, round_index: int) -> bool:
+        """Run the drafter this round? (on, or paused and due for a probe)"""
+        return not self.off or round_index >= self.next_probe
+
+    def observe(self, round_index: int, committed: int, cost: float) -> None:
+        """A drafted round committed ``committed`` tokens at ``cost`` one-token forwards."""
+        if self.off:                        # a probe: judged on its own outcome
+            if committed >= cost:
+                self.off, self.gap = False, PROBE_GAPS[0]
+                self.tokens, self.cost = GATE_PRIOR[0] + committed, GATE_PRIOR[1] + cost
+            else:
+                self.next_probe = round_index + 1 + self.gap
+                self.gap = min(PROBE_GAPS[1], 2 * self.gap)
+            return
+        self.tokens = GATE_DECAY * self.tokens + committed
+        self.cost = GATE_DECAY * self.cost + cost
+        if self.rate < 1.0:
+            self.off, self.next_probe = True, round_index + 1 + PROBE_GAPS[0]
+            self.gap = 2 * PROBE_GAPS[0]
 
 
 @dataclass
@@ -31,6 +78,7 @@ class BlockCut:
     acc: list[float] = field(default_factory=list)   # decayed accepted count per slot
     conf: list[float] = field(default_factory=list)  # decayed confidence sum per slot
     draft_cost: float = 0.0                          # drafter forward, in one-token forwards
+    gate: ForwardGate | None = None                  # pause the drafter where it does not pay
 
     def factor(self, i: int) -> float:
         a = self.acc[i] if i < len(self.acc) else 0.0
@@ -53,8 +101,12 @@ class BlockCut:
         best = max(range(len(value)), key=lambda k: (value[k], -k))
         return best, value
 
+    def wants_forward(self, round_index: int) -> bool:
+        """Run the drafter this round? Always, without a :class:`ForwardGate`."""
+        return self.gate is None or self.gate.wants(round_index)
+
     def observe(self, confidence: Sequence[float], kept: int, accepted: int,
-                draft_s: float = 0.0) -> None:
+                draft_s: float = 0.0, round_index: int = 0, committed: int | None = None) -> None:
         """Learn from a verified round: slots 1..accepted+1 of the kept prefix were reached."""
         n = len(confidence)
         while len(self.acc) < n:
@@ -68,3 +120,6 @@ class BlockCut:
         step = self.cost.step_time
         if step > 0 and draft_s > 0:
             self.draft_cost = 0.8 * self.draft_cost + 0.2 * draft_s / step
+        if self.gate is not None:
+            done = accepted + 1 if committed is None else committed
+            self.gate.observe(round_index, done, self.cost.relative(kept + 1) + self.draft_cost)

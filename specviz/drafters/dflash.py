@@ -63,7 +63,7 @@ import torch
 from ..costs import cost_curve
 from ..errors import SettingsError
 from .base import Draft, DraftContext, Drafter, VerifyFeedback
-from .block_cut import BlockCut
+from .block_cut import BlockCut, ForwardGate
 from .context import ContextCache, tapped_features
 from .dflash_checkpoint import (ARCHITECTURE, BUNDLED, BUNDLED_DIR, CONFIG_NAME,  # noqa: F401
                                 MAX_BLOCK_SIZE, WEIGHTS_NAME, _check_compatible, _load_cached,
@@ -90,10 +90,12 @@ PARAMS = params_by_name(
                    "verifies with rejection sampling)."),
     ParamSpec("seed", int, 0, range=(0, 2 ** 32 - 1), label="Drafter seed",
               help="Seeds the drafter's own sampler (draft temperature > 0)."),
-    ParamSpec("cut", str, "auto", choices=("auto", "off"), label="Cut the block",
+    ParamSpec("cut", str, "auto", choices=("auto", "block", "off"), label="Cut the block",
               help="auto = verify only the prefix of the block whose expected accepted tokens "
-                   "pay for the longer verify (measured cost model, calibrated confidence); "
-                   "off = always verify the whole block."),
+                   "pay for the longer verify (measured cost model, calibrated confidence), "
+                   "and pause the drafter (plain decoding steps, probed now and then) while "
+                   "its rounds do not beat plain decoding; block = the cut without the pause; "
+                   "off = always draft and verify the whole block."),
 )
 
 
@@ -184,8 +186,9 @@ class DFlashDrafter(Drafter):
             _check_compatible(self.model, target)
             self.target = target
         self._reset()
-        if self.cut_mode == "auto":  # the verify-cost model of this machine, learned afresh
-            self.cut = BlockCut(cost_curve("auto", target))
+        if self.cut_mode != "off":  # the verify-cost model of this machine, learned afresh
+            self.cut = BlockCut(cost_curve("auto", target),
+                                gate=ForwardGate() if self.cut_mode == "auto" else None)
         if len(prompt_ids) > 1:
             self._append(prefill_hidden, None, 0)
 
@@ -238,6 +241,10 @@ class DFlashDrafter(Drafter):
         extras = {"block_size": self.block_size, "confidence": []}
         if k == 0:
             return Draft(extras=extras)
+        if self.cut is not None and not self.cut.wants_forward(ctx.round_index):
+            extras["cut"] = {"kept": 0, "block": k, "paused": True,
+                             "rate": round(self.cut.gate.rate, 3)}
+            return Draft(extras=extras)   # paused: a plain decoding step, no drafter forward
         logits, chain = self.draft_logits(list(ctx.tokens), k)
         probs = torch.softmax(logits, dim=-1)
         conf, top = probs.max(-1)
@@ -277,7 +284,8 @@ class DFlashDrafter(Drafter):
         self._append(feedback.hidden_states, rows, start)
         if self.cut is not None and self._last_cut is not None:
             block_conf, kept = self._last_cut
-            self.cut.observe(block_conf, kept, int(rnd.accepted), float(rnd.t_draft))
+            self.cut.observe(block_conf, kept, int(rnd.accepted), float(rnd.t_draft),
+                             int(rnd.index), len(rnd.committed))
         self._last_cut = None
 
     def config(self) -> dict[str, Any]:

@@ -60,6 +60,10 @@ def _adapld(ex: dict) -> str:
 def _dflash(ex: dict, r: Round) -> str:
     cut = ex.get("cut")
     words = f"block of {ex.get('block_size', '?')} slots"
+    if isinstance(cut, dict) and cut.get("paused"):
+        return ("drafter paused: a plain decoding step with no drafter forward (its recent "
+                f"rounds committed {cut.get('rate', '?')} tokens per step's cost, less than "
+                "plain decoding's 1)")
     if isinstance(cut, dict) and cut.get("block"):
         kept, block = int(cut.get("kept", 0)), int(cut["block"])
         if kept < block:
