@@ -125,3 +125,17 @@ def test_dflash_paused_rounds_run_no_drafter_forward_and_stay_lossless(tiny_targ
     tb = Session(tiny_target, block, ids, s).run()
     assert not any((r.extras.get("cut") or {}).get("paused") for r in tb.rounds)
     assert compare_outputs(tiny_target, ids, ar.output_ids, tb.output_ids).ok
+
+
+def test_a_paused_round_says_so_on_the_decode_page():
+    from specviz.trace import Round, Trace
+    from specviz.viz.charts import fig_slot_confidence
+    from specviz.viz.extras import describe_extras
+
+    r = Round(index=0, start=5, drafter="dflash", draft=[], accepted=0, committed=[7],
+              extras={"block_size": 8, "confidence": [],
+                      "cut": {"kept": 0, "block": 7, "paused": True, "rate": 0.83}})
+    tr = Trace(meta={"method": "dflash"}, prompt_ids=[1, 2, 3, 4, 5], rounds=[r])
+    assert "paused" in describe_extras(r) and "0.83" in describe_extras(r)
+    fig = fig_slot_confidence(tr, 0)
+    assert "paused" in fig.layout.annotations[0].text

@@ -201,7 +201,10 @@ def fig_slot_confidence(trace: Trace, round_index: int) -> go.Figure:
     shown = block_confidences(r) if r is not None else []
     _layout(fig, title, "draft slot", "probability", empty=not shown)
     if r is not None and not shown and trace.rounds:
-        fig.layout.annotations[0].text = "This round has no per-slot confidence"
+        paused = bool(((r.extras or {}).get("cut") or {}).get("paused"))
+        fig.layout.annotations[0].text = (
+            "The drafter was paused this round (a plain decoding step, no drafter forward)"
+            if paused else "This round has no per-slot confidence")
     fig.update_layout(barmode="overlay")
     return fig
 
