@@ -68,6 +68,12 @@ def parse_variant(v: str) -> tuple[str, dict]:
     return method, method_spec(method).parse([kv for kv in rest.split(",") if kv])
 
 
+def trace_cost(rounds, cost: CostModel) -> float:
+    """Seconds a replayed run would take on the clock ``cost``: every round's verify forward
+    (step * c(tokens in it)) plus its measured drafting time."""
+    return sum(cost.step_time * cost.relative(len(x.draft) + 1) + x.t_draft for x in rounds)
+
+
 def evaluate(out: Path, variants: list[str]) -> None:
     rows = json.loads((out / "rollouts.json").read_text())
     cost = CostModel.from_dict(json.loads((out / "cost.json").read_text()))
@@ -94,8 +100,7 @@ def evaluate(out: Path, variants: list[str]) -> None:
             tr = replay(d, Rollout(r["tokens"], r["prompt_len"]), target, token_texts=False)
             n = sum(len(x.committed) for x in tr.rounds)
             drafting = sum(x.t_draft for x in tr.rounds)
-            c = began[0] + drafting + sum(step * cost.relative(len(x.draft) + 1)
-                                          for x in tr.rounds)
+            c = began[0] + trace_cost(tr.rounds, cost)
             spent[0] += began[0]
             spent[1] += drafting
             for key in (r["category"], "all"):

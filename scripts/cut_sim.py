@@ -21,7 +21,7 @@ from specviz.models import load_target  # noqa: E402
 from specviz.train.rollouts import RolloutSet  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from adapld_dev import parse_variant  # noqa: E402
+from adapld_dev import parse_variant, trace_cost  # noqa: E402
 
 
 def main(folder: str, cost_json: str, variants: list[str]) -> None:
@@ -39,7 +39,7 @@ def main(folder: str, cost_json: str, variants: list[str]) -> None:
         for i in range(len(rs.rows)):
             d = make_drafter(method, target, **params)
             tr = replay(d, rs.rollout(i), target, token_texts=False)
-            c = sum(step * cost.relative(len(x.draft) + 1) + x.t_draft for x in tr.rounds)
+            c = trace_cost(tr.rounds, cost)
             n = sum(len(x.committed) for x in tr.rounds)
             p = sum(1 for x in tr.rounds if (x.extras.get("cut") or {}).get("paused"))
             for key in (cats[i], "all"):
