@@ -231,11 +231,13 @@ def _random_cache(target, length: int, generator: torch.Generator):
 
 def _timed_forward(target, cache, k: int, generator: torch.Generator) -> float:
     """Seconds of one verify-shaped forward over ``k`` new tokens (forward + softmax of the
-    logits, as a round does); the cache is cropped back afterwards."""
+    logits, as a round does, padded like a round to ``target.min_width``); the cache is cropped
+    back afterwards."""
     from .kvcache import cache_kwarg
 
     model = target.model
     vocab = int(model.config.vocab_size)
+    k = max(int(k), int(getattr(target, "min_width", 1) or 1))
     ids = torch.randint(0, vocab, (1, k), generator=generator).to(target.device)
     with target.lock, torch.inference_mode():
         t0 = time.perf_counter()

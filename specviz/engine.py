@@ -22,6 +22,7 @@ from .drafters.base import Draft, DraftContext, Drafter, VerifyFeedback, clip_dr
 from .errors import PromptError, SettingsError
 from .kvcache import cache_kwarg, cache_len, keep_rows
 from .models import Target
+from .numerics import pad_tree_inputs, padded, root_token_only
 from .trace import Round, Trace
 from .tree import TokenTree
 from .verify import Verdict, target_probs, verify
@@ -182,19 +183,27 @@ class Session:
             TokenTree(list(draft.tokens), list(draft.parents))
         start = cache_len(self.cache)
         ids = [self.tokens[-1]] + list(tree.tokens)
+        n, width = len(ids), max(len(ids), self.target.min_width)
         if tree.is_chain:
-            out = self._forward(ids)
+            out = self._forward(padded(ids, width))
         else:
-            out = self._forward(ids, attention_mask=tree.attention_mask(start),
-                                position_ids=tree.position_ids(start))
+            mask, pos = pad_tree_inputs(tree.attention_mask(start), tree.position_ids(start), width)
+            out = self._forward(padded(ids, width), attention_mask=mask, position_ids=pos)
+        if width > n:  # the padding rows (after the real ones, unseen by them) are dropped
+            out.logits = out.logits[:, :n]
+            if self._want_hidden:
+                out.hidden_states = tuple(h[:, :n] for h in out.hidden_states)
         logits = out.logits[0].float()
         s = self.settings
         probs = target_probs(logits, s.temperature, s.top_p)
         verdict = verify(tree, logits, probs, s.greedy, draft.q, self.generator)
+        self._path_cut = None
+        if self.target.min_width > 1 and verdict.rows != list(range(len(verdict.rows))):
+            verdict, self._path_cut = root_token_only(tree, verdict), len(verdict.path)
         keep_rows(self.cache, start, verdict.rows)
         cost_model = cached_model(self.target)
         if cost_model is not None:  # refine the verify-cost curve online with this forward
-            cost_model.observe(len(ids), self.last_forward_s)
+            cost_model.observe(width, self.last_forward_s)
         return tree, out, logits, probs, verdict
 
     def _commit(self, tree: TokenTree, verdict: Verdict, budget: int
@@ -234,7 +243,7 @@ class Session:
             accepted_path=[] if chain else verdict.path[:n_acc],
             t_draft=t_draft, t_verify=t_verify, t_forward=self.last_forward_s,
             t_wait=self.last_wait_s,
-            extras=dict(draft.extras))
+            extras=dict(draft.extras, **({"path_cut": self._path_cut} if self._path_cut else {})))
         self.rounds.append(rnd)
         return rnd
 

@@ -73,6 +73,10 @@ class Target:
     device: str
     dtype: torch.dtype
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+    #: every decoding forward is padded to at least this many tokens, so a row's logits do not
+    #: depend on the forward's width (``specviz.numerics``; 1 = no padding)
+    min_width: int = 1
+    numerics: object = None  # specviz.numerics.Numerics: the measured dtype choice, if any
 
     @property
     def config(self):
@@ -223,7 +227,10 @@ def load_target(name: str = "default", device: str | None = None, dtype=None,
     local_only = not Path(path).exists() and not hub_reachable()
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
-        kwargs = {"dtype": dt, "local_files_only": local_only}
+        # a bfloat16 CPU target is made from the float32 weights (.to), as the measured choice
+        # makes it, so both ways give the same weights and the same greedy outputs
+        load_dt = torch.float32 if dev == "cpu" and dt == torch.bfloat16 else dt
+        kwargs = {"dtype": load_dt, "local_files_only": local_only}
         if device_map:
             kwargs["device_map"] = device_map
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
@@ -238,12 +245,31 @@ def load_target(name: str = "default", device: str | None = None, dtype=None,
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"cannot load model '{name}': {first}") from exc
     if not device_map:
-        model.to(dev)
+        model.to(device=dev, dtype=dt)
     model.eval()
     model.requires_grad_(False)
+    numerics = None
+    if dev == "cpu" and dtype in (None, "auto"):  # measured: bfloat16 only where it pays and
+        from .numerics import choose_cpu_numerics  # its logits are width-invariant
+        model, numerics = choose_cpu_numerics(model, _check_tokens(tokenizer))
+        dt = next(model.parameters()).dtype
+    elif dev == "cpu" and dt == torch.bfloat16:  # asked for: make it lossless where it can be
+        from .numerics import Numerics, prepare_bfloat16
+        w = prepare_bfloat16(model, _check_tokens(tokenizer))
+        numerics = Numerics("bfloat16", w or 1, "asked for" if w else
+                            "asked for; its logits depend on the forward width here, so greedy "
+                            "outputs can differ from plain decoding at near-ties")
     label = "SmolLM2-135M-Instruct (embedded)" if name in DEFAULT_ALIASES else name
     return Target(model=model, tokenizer=tokenizer, name=label,
-                  device=str(next(model.parameters()).device), dtype=dt)
+                  device=str(next(model.parameters()).device), dtype=dt,
+                  min_width=numerics.min_width if numerics else 1, numerics=numerics)
+
+
+def _check_tokens(tokenizer) -> list[int]:
+    """Real text for the width-invariance check (its token ids; any text works)."""
+    text = ("Speculative decoding drafts a few tokens and verifies them in one forward pass of "
+            "the target model; the longest agreeing prefix is kept. ") * 3
+    return [int(t) for t in tokenizer(text)["input_ids"]]
 
 
 def target_from_model(model, tokenizer, name: str = "custom") -> Target:
