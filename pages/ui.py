@@ -291,10 +291,14 @@ def _charts_section(view: Trace, sel: int, prefix: str) -> None:
     if view.meta.get("cost_model"):
         with st.expander("Verify cost on this machine (what longer drafts cost)"):
             st.caption("Measured on the loaded model when the first run started, then refined "
-                       "from every round's own verify forward. On a CPU the curve is a step: "
-                       "one new token runs matrix-vector kernels, two or more run "
-                       "matrix-matrix kernels. AdaPLD (cost = auto) and DFlash (cut = auto) "
-                       "choose their draft length from this curve.")
+                       "from every round's own verify forward. In float32 on a CPU the curve "
+                       "is a step: one new token runs matrix-vector kernels, two or more run "
+                       "matrix-matrix kernels. In width-invariant bfloat16 every forward is "
+                       "padded to a few tokens and the curve is nearly flat. AdaPLD "
+                       "(cost = auto) and DFlash (cut = auto) choose their draft length from "
+                       "this curve.")
+            if view.meta.get("numerics"):
+                st.caption(f"Target numerics: {view.meta['numerics']}")
             _chart(viz.fig_cost_curve(view), f"{prefix}_fig_cost")
 
 

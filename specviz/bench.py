@@ -280,7 +280,10 @@ def run_bench(target, methods: list[str], prompts: list[PromptItem], settings,
     order = ["ar"] + [m for m in dict.fromkeys(m.strip().lower() for m in methods) if m and m != "ar"]
     result = BenchResult(meta={"model": target.name, "methods": order,
                                "settings": asdict(settings), "prompts": len(prompts),
-                               "device": target.device, "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
+                               "device": target.device,
+                               "dtype": str(target.dtype).replace("torch.", ""),
+                               "numerics": getattr(target.numerics, "summary", lambda: None)(),
+                               "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
     total = len(order) * len(prompts)
     ar_ids = None
     for item, m, sess, wall in iter_side_by_side(target, order, prompts, settings, method_params):

@@ -49,6 +49,16 @@ def _print_summary(trace, file=None) -> None:
           f"({s['tokens_per_s']:.1f} tok/s)  stop={trace.meta.get('stop_reason')}", file=file)
 
 
+def _load_decoding_target(args):
+    """The target for decoding commands, with one line on its measured numerics (stderr)."""
+    from .models import load_target
+
+    target = load_target(args.model, device=args.device, dtype=args.target_dtype)
+    if target.numerics is not None:
+        print(f"target numerics: {target.numerics.summary()}", file=sys.stderr)
+    return target
+
+
 def cmd_prepare(args) -> int:
     from .models import embedded_model_dir
 
@@ -76,7 +86,7 @@ def cmd_run(args) -> int:
     if not prompt.strip():
         raise SpecvizError("the prompt is empty")
     params = parse_params(args.method, args.param)
-    target = load_target(args.model, device=args.device)
+    target = _load_decoding_target(args)
     drafter = make_drafter(args.method, target, **params)
     sess = Session(target, drafter, prompt, settings, method=args.method)
     trace = sess.run()
@@ -130,7 +140,7 @@ def cmd_bench(args) -> int:
     if not isinstance(params, dict):
         raise SpecvizError("--params must be a JSON object like '{\"pld\": {\"num_output_tokens\": 5}}'")
     params = check_methods(methods, params)  # the registry's checks, before the model loads
-    target = load_target(args.model, device=args.device)
+    target = _load_decoding_target(args)
     bar = tqdm(total=len(prompts) * len(set(methods) | {"ar"}), desc="bench", unit="run")
 
     def progress(done, total, what):
@@ -171,7 +181,7 @@ def cmd_train_rollouts(args) -> int:
         print(f"--exclude: left out {n0 - len(items)} prompts")
         if not items:
             raise SpecvizError("--exclude left no prompts")
-    target = load_target(args.model, device=args.device)
+    target = load_target(args.model, device=args.device, dtype="float32")
     tc = getattr(target.model.config, "text_config", None) or target.model.config
     layers = parse_layers(args.layers, int(tc.num_hidden_layers), k=args.num_features)
     print(f"{len(items)} prompts; tapped target layers {layers}; out {out}")
@@ -393,6 +403,9 @@ def _common(p) -> None:
     p.add_argument("--model", default="default",
                    help="'default' (embedded SmolLM2-135M-Instruct), a HF id or a local folder")
     p.add_argument("--device", default=None, help="cpu / cuda (default: cuda if present)")
+    p.add_argument("--target-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="auto: on a CPU, bfloat16 where it is measured faster and its logits are "
+                        "width-invariant (lossless), else float32; bfloat16 on a GPU")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)

@@ -284,6 +284,8 @@ class Session:
             "prompt_len": len(self.prompt_ids),
             "device": self.target.device,
             "dtype": str(self.target.dtype).replace("torch.", ""),
+            "min_width": self.target.min_width,
+            "numerics": self.target.numerics.summary() if self.target.numerics else None,
             "prefill_time": self.prefill_time,
             "stop_reason": self.stop_reason,
             "eos_token_ids": sorted(self.eos),

@@ -219,7 +219,7 @@ def test_cost_model_for_is_flat_on_an_accelerator_without_a_forward(tiny_target)
 
 
 @pytest.mark.integration
-def test_calibrate_embedded_target_shows_the_cpu_step(embedded_target):
+def test_calibrate_embedded_target_shows_its_curve(embedded_target):
     t0 = time.perf_counter()
     m = calibrate(embedded_target, budget_s=1.5)
     wall = time.perf_counter() - t0
@@ -227,10 +227,15 @@ def test_calibrate_embedded_target_shows_the_cpu_step(embedded_target):
     assert wall < 1.5 + 0.5, info  # at most one forward past the budget when the load jumps
     assert 0.005 < m.step_time < 2.0, info
     assert_monotone(m)
-    # matrix-vector vs matrix-matrix kernels: 2 tokens already cost clearly more than 1 (loose
-    # bound: the machine is shared and noisy); 64 is timed right after 2, unless load forbids
-    assert m.relative(2) > 1.1, info
-    assert m.relative(64) >= m.relative(2), info
+    if embedded_target.min_width == 1:
+        # float32: matrix-vector vs matrix-matrix kernels: 2 tokens already cost clearly more
+        # than 1 (loose bound: the machine is shared and noisy)
+        assert m.relative(2) > 1.1, info
+    else:
+        # width-invariant bfloat16 (specviz.numerics): every forward is padded to min_width
+        # tokens, so a 2-token verify costs what a plain step does: no step in the curve
+        assert m.relative(embedded_target.min_width) < 1.3, info
+    assert m.relative(64) >= m.relative(2), info  # 64 is timed right after 2, unless load forbids
 
 
 def test_a_pinned_model_is_the_targets_cost_model(tiny_target):

@@ -147,3 +147,21 @@ def test_tiny_hf_generate_unchanged_by_registration():
     ids = [5, 9, 12]
     assert generate(t, "ar", ids, DecodeSettings(max_new_tokens=8)).output_ids == \
         _hf_greedy(t, ids, 8)
+
+
+def test_auto_choice_returns_a_consistent_model(embedded_target):
+    """The measured choice on this CPU: float32 with no padding, or a bfloat16 copy with its
+    invariant width, its timings recorded; the float32 weights are untouched."""
+    from specviz.models import _check_tokens
+    from specviz.numerics import choose_cpu_numerics
+
+    before = embedded_target.model.lm_head.weight.clone()
+    model, info = choose_cpu_numerics(embedded_target.model, _check_tokens(embedded_target.tokenizer))
+    assert torch.equal(embedded_target.model.lm_head.weight, before)
+    assert info.dtype == str(next(model.parameters()).dtype).replace("torch.", "")
+    if info.dtype == "bfloat16":
+        assert model is not embedded_target.model and info.min_width >= 2
+        assert set(info.times_ms) >= {"float32@1", "float32@8"} and info.check_s < 30
+    else:
+        assert model is embedded_target.model and info.min_width == 1
+    assert info.reason in info.summary()
