@@ -7,8 +7,9 @@ by the number of rows M (one row: matrix-vector; a few: one tiling; more: anothe
 logits can differ with M. In float32 the difference is ~1e-5 (a flip needs an exact near-tie);
 in bfloat16 each layer's output is rounded to 8 mantissa bits and the difference reaches ~0.5
 logits, so outputs diverge on most prompts. But from some width W on, the kernels keep one
-tiling and a row's result is bit-identical for every M >= W (measured on a 2-core AVX512-BF16
-CPU with the embedded SmolLM2: W = 4). So every decoding forward is padded to at least W rows
+tiling and a row's result is bit-identical for every M >= W -- for the matmuls; torch's fused
+CPU attention is not, so :func:`invariant_attention` replaces it (measured on a 2-core
+AVX512-BF16 CPU with the embedded SmolLM2: W = 2). So every decoding forward is padded to at least W rows
 (``Target.min_width``; the padding rows come after the real ones, no real row attends to them,
 and their cache rows are dropped with the rejected ones). On such a CPU a bfloat16 forward over
 4 tokens costs about what one over 1 token does (AVX512-BF16 dot products, half the weight
@@ -51,8 +52,8 @@ class Numerics:
 
     def summary(self) -> str:
         t = ", ".join(f"{k} {v:.0f} ms" for k, v in self.times_ms.items())
-        return f"{self.dtype}, forwards padded to {self.min_width} tokens: {self.reason}" + \
-            (f" ({t})" if t else "")
+        pad = f"forwards padded to {self.min_width} tokens" if self.min_width > 1 else "no padding"
+        return f"{self.dtype}, {pad}: {self.reason}" + (f" ({t})" if t else "")
 
 
 def invariant_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
@@ -259,6 +260,5 @@ def choose_cpu_numerics(model, tokens: list[int]) -> tuple[torch.nn.Module, Nume
     took = time.perf_counter() - t0
     if not faster:
         return model, Numerics("float32", 1, "bfloat16 is not faster on this CPU", times, took)
-    del model
     return bf16, Numerics("bfloat16", w, f"measured faster, and width-invariant from {w} tokens",
                           times, took)
