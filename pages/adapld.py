@@ -19,14 +19,17 @@ ss = st.session_state
 SOURCES = {"decode": "The Decode page's run", "page": "The run made on this page",
            "upload": "A saved trace"}
 ABLATION_CHOICES = [("adapld_lex", "Lexical only", True), ("adapld_sem", "+ semantic", True),
-                    ("adapld", "+ branches (full AdaPLD)", True), ("pld", "PLD (reference)", True)]
+                    ("adapld_nohist", "+ branches", True),
+                    ("adapld", "+ history store (full AdaPLD)", True),
+                    ("pld", "PLD (reference)", True)]
 
 cfg = ui.page_start(
     "AdaPLD: where drafts come from",
     "AdaPLD drafts by looking the end of the text up in the prompt and what was generated so "
     "far: an exact n-gram match (**lexical**), or a window that means something similar "
-    "(**semantic**), and copies what followed it. Several matches can be merged into a **token "
-    "tree** that the target checks in one forward pass. Pick a round to see its matches, the "
+    "(**semantic**), and copies what followed it; with nothing to copy, what the target most "
+    "often wrote next in its own earlier replies (**history**). Several matches can be merged "
+    "into a **token tree** that the target checks in one forward pass. Pick a round to see its matches, the "
     "draft and what the target kept.")
 
 

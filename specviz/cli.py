@@ -224,6 +224,23 @@ def cmd_train_prefill(args) -> int:
     return 0
 
 
+def cmd_train_store(args) -> int:
+    from .drafters.history_store import store_from_rollouts
+    from .train.rollouts import read_meta
+
+    meta = read_meta(args.rollouts[0])
+    for folder in args.rollouts[1:]:
+        if read_meta(folder).get("vocab_size") != meta.get("vocab_size"):
+            raise SpecvizError(f"{folder} was made with another vocabulary than "
+                               f"{args.rollouts[0]}")
+    store = store_from_rollouts(args.rollouts, {"model": args.model_name or meta.get("model"),
+                                                "vocab_size": meta.get("vocab_size")})
+    path = store.save(args.out)
+    print(f"history store: {store.meta['tokens']} reply tokens -> {len(store.bigram)} bigram "
+          f"and {len(store.trigram)} trigram contexts; {path} ({path.stat().st_size // 1024} KB)")
+    return 0
+
+
 def cmd_train_dflash(args) -> int:
     from .models import load_target
     from .train.dflash_train import TrainConfig, train_dflash
@@ -506,6 +523,15 @@ def _add_train_prefill(tsub) -> None:
     p.set_defaults(func=cmd_train_prefill)
 
 
+def _add_train_store(tsub) -> None:
+    p = tsub.add_parser("store", help="count AdaPLD's history store (the target's most frequent "
+                        "next token per 1-2 token context) from greedy rollouts")
+    p.add_argument("--rollouts", nargs="+", required=True, help="greedy rollout folders")
+    p.add_argument("--out", required=True, help="the .npz file to write")
+    p.add_argument("--model-name", default=None, help="model name recorded in the store")
+    p.set_defaults(func=cmd_train_store)
+
+
 def _add_train_dflash(tsub) -> None:
     p = tsub.add_parser("dflash", help="train a DFlash drafter on rollouts")
     p.add_argument("--rollouts", required=True,
@@ -631,6 +657,7 @@ def build_parser() -> argparse.ArgumentParser:
                           ).add_subparsers(dest="train_cmd", required=True)
     _add_train_rollouts(tsub)
     _add_train_prefill(tsub)
+    _add_train_store(tsub)
     _add_train_dflash(tsub)
     _add_train_retrace(tsub)
     _add_train_finetune(tsub)

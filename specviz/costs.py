@@ -21,9 +21,12 @@ somewhere; hence:
 
 The curve is piecewise-linear between knots (linear extrapolation past the last one; flat when
 only one k > 1 is known), kept monotone non-decreasing by isotonic regression over the knots, with
-c(1) = 1 exactly. Under heavy load not every k fits in the budget: k = 1, 2 and 64 are timed
-first (2 twice), so the step and the far end are known and the rest is interpolated until
-rounds refine it.
+c(1) = 1 exactly. A target whose forwards are padded to ``min_width`` tokens
+(:mod:`specviz.numerics`: width-invariant bfloat16) runs the *same* forward for every
+k <= min_width, so c(k) = 1 exactly there: those k are not timed, and a verify of up to
+min_width - 1 draft tokens is known to cost what a plain step costs. Under heavy load not every
+k fits in the budget: k = 1, 2 and 64 are timed first (2 twice), so the step and the far end are
+known and the rest is interpolated until rounds refine it.
 """
 from __future__ import annotations
 
@@ -116,6 +119,7 @@ class CostModel:
     observations: int = 0
     key: tuple = ()
     calibration_s: float = 0.0
+    min_width: int = 1
     _view: list[tuple[int, float]] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -124,6 +128,10 @@ class CostModel:
         log_rel = {int(p[0]): math.log(max(float(p[1]), 1e-9)) for p in points if int(p[0]) >= 1}
         log_rel[1] = 0.0
         weight = {int(p[0]): float(p[2]) for p in points if len(p) > 2 and int(p[0]) in log_rel}
+        width = max(1, int(kw.get("min_width", 1)))
+        if width > 1:  # one padded forward for every k <= min_width: c = 1 there, exactly
+            log_rel = {k: v for k, v in log_rel.items() if k == 1 or k > width}
+            log_rel[width] = 0.0
         return cls(log_rel=log_rel, weight=weight, step_time=float(step_time), **kw)
 
     @classmethod
@@ -137,15 +145,17 @@ class CostModel:
         view = self._view
         if view is None:
             ks = sorted(self.log_rel)
-            wts = [1e9 if k == 1 else self.weight.get(k, 1.0) for k in ks]  # c(1) = 1 is exact
+            # c(k) = 1 is exact for k <= min_width (the same forward as a plain step)
+            wts = [1e9 if k <= self.min_width else self.weight.get(k, 1.0) for k in ks]
             mono = isotonic([self.log_rel[k] for k in ks], wts)
-            view = [(k, 1.0 if k == 1 else math.exp(max(0.0, v))) for k, v in zip(ks, mono)]
+            view = [(k, 1.0 if k <= self.min_width else math.exp(max(0.0, v)))
+                    for k, v in zip(ks, mono)]
             self._view = view
         return view
 
     def relative(self, k: int | float) -> float:
         """c(k): cost of a forward over ``k`` new tokens relative to a one-token forward."""
-        if k <= 1:
+        if k <= max(1, self.min_width):
             return 1.0
         pts = self.points()
         if k > pts[-1][0] and len(pts) < 3:  # only the step is known (a calibration cut short
@@ -168,7 +178,7 @@ class CostModel:
         if k < 1 or not seconds > 0 or not math.isfinite(seconds):
             return
         self.observations += 1
-        if k == 1 or self.frozen or self.step_time <= 0:
+        if k <= self.min_width or self.frozen or self.step_time <= 0:
             self._observe_step(seconds / self.relative(k))  # a fixed shape: only the scale
             return
         if k > max(self.log_rel):
@@ -177,7 +187,7 @@ class CostModel:
         raw = interpolate([(q, self.log_rel[q]) for q in ks], k)
         resid = _clip(math.log(seconds / self.step_time) - raw, self.clip)
         for q, w in _neighbours(ks, k):
-            if q != 1:
+            if q > self.min_width:
                 self.log_rel[q] += self.rate * w * resid
                 self.weight[q] = min(MAX_WEIGHT, self.weight.get(q, 1.0) + w)
         self._view = None
@@ -195,6 +205,7 @@ class CostModel:
         return {"kind": self.kind, "step_time": self.step_time, "frozen": self.frozen,
                 "rate": self.rate, "clip": self.clip, "observations": self.observations,
                 "calibration_s": self.calibration_s, "key": [str(x) for x in self.key],
+                "min_width": self.min_width,
                 "raw": [[k, math.exp(v), self.weight.get(k, 1.0)]
                         for k, v in sorted(self.log_rel.items())],
                 "points": [[k, c] for k, c in self.points()]}
@@ -210,7 +221,8 @@ class CostModel:
                                clip=float(d.get("clip", CLIP_LOG)),
                                observations=int(d.get("observations", 0)),
                                key=tuple(d.get("key", ())),
-                               calibration_s=float(d.get("calibration_s", 0.0)))
+                               calibration_s=float(d.get("calibration_s", 0.0)),
+                               min_width=int(d.get("min_width", 1)))
 
 
 # ---------------------------------------------------------------------------- calibration
@@ -248,9 +260,10 @@ def _timed_forward(target, cache, k: int, generator: torch.Generator) -> float:
     return dt
 
 
-def _schedule(ks) -> list[int]:
-    """Measuring order for one pass: the priority ks first, then any others ascending."""
-    ks = sorted({int(k) for k in ks} | {1})
+def _schedule(ks, min_width: int = 1) -> list[int]:
+    """Measuring order for one pass: the priority ks first, then any others ascending (no k in
+    2..min_width: those run the one-token forward's padded shape)."""
+    ks = sorted({int(k) for k in ks if int(k) == 1 or int(k) > min_width} | {1})
     return [k for k in PRIORITY if k in ks] + [k for k in ks if k not in PRIORITY]
 
 
@@ -271,7 +284,7 @@ def measure(target, ks=DEFAULT_KS, budget_s: float = 1.5, context: int = CONTEXT
     (k, seconds) samples in the order they were taken, and the wall seconds."""
     t_start = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)
-    order = _schedule(ks)
+    order = _schedule(ks, int(getattr(target, "min_width", 1) or 1))
     context = max(1, min(context, target.max_context - max(order) - 1))
     cache = _random_cache(target, context, gen)
     _timed_forward(target, cache, 1, gen)  # warm-up (allocations, caches)
@@ -308,7 +321,8 @@ def calibrate(target, ks=DEFAULT_KS, budget_s: float = 1.5, **kw) -> CostModel:
     step = statistics.median(t for k, t in samples if k == 1)
     pts = [(k, statistics.median(r), len(r)) for k, r in paired_ratios(samples).items()]
     return CostModel.from_points(pts, step, kind="measured", calibration_s=wall,
-                                 key=model_key(target))
+                                 key=model_key(target),
+                                 min_width=int(getattr(target, "min_width", 1) or 1))
 
 
 def model_key(target) -> tuple:

@@ -22,7 +22,7 @@ from .drafters.base import Draft, DraftContext, Drafter, VerifyFeedback, clip_dr
 from .errors import PromptError, SettingsError
 from .kvcache import cache_kwarg, cache_len, keep_rows
 from .models import Target
-from .numerics import pad_tree_inputs, padded, root_token_only
+from .numerics import first_branch_only, pad_tree_inputs, padded
 from .trace import Round, Trace
 from .tree import TokenTree
 from .verify import Verdict, target_probs, verify
@@ -199,7 +199,7 @@ class Session:
         verdict = verify(tree, logits, probs, s.greedy, draft.q, self.generator)
         self._path_cut = None
         if self.target.min_width > 1 and verdict.rows != list(range(len(verdict.rows))):
-            verdict, self._path_cut = root_token_only(tree, verdict), len(verdict.path)
+            verdict, self._path_cut = first_branch_only(tree, verdict), len(verdict.path)
         keep_rows(self.cache, start, verdict.rows)
         cost_model = cached_model(self.target)
         if cost_model is not None:  # refine the verify-cost curve online with this forward

@@ -127,17 +127,24 @@ def pad_tree_inputs(mask: torch.Tensor, positions: torch.Tensor, width: int
     return out.to(mask.device), pos.to(positions.device)
 
 
-def root_token_only(tree, verdict):
+def first_branch_only(tree, verdict):
     """Exactness guard for trees under width-invariant numerics. A node off the tree's first
     branch attends to its ancestors at scattered columns, so its logits (and its cache rows) are
     not bit-identical to plain decoding's, while the root's row and the first branch's rows are
-    (their keys sit where a chain's would). When the accepted path leaves the first branch, the
-    round commits only the path's first token: the target's token at the root row (exact, and in
-    sampling distributed as p), as a plain step would; the rest is drafted again next round."""
+    (node i with ancestors 0..i-1: its keys sit where a chain's would). When the accepted path
+    leaves the first branch, the round keeps the path's part on the first branch and then the
+    path's next token -- the target's token at the last exact row (in sampling distributed as
+    p there, as a chain's correction would be) -- and stops: exactly what verifying the first
+    branch alone as a chain would commit. The rest is drafted again next round."""
     from .verify import Verdict
 
-    first = int(tree.tokens[verdict.path[0]]) if verdict.path else int(verdict.token)
-    return Verdict(path=[], token=first)
+    path = list(verdict.path)
+    m = 0
+    while m < len(path) and path[m] == m and tree.parents[m] == m - 1:
+        m += 1
+    if m == len(path):
+        return verdict
+    return Verdict(path=path[:m], token=int(tree.tokens[path[m]]))
 
 
 def _context(model, tokens: list[int]):

@@ -212,18 +212,21 @@ def test_matches_table_and_round_summary(trace):
 
 # ---------------------------------------------------------------- retrieval over the run
 def test_retrieval_counts_table_and_figure(trace):
-    assert va.retrieval_counts(trace) == {"lexical": 2, "semantic": 1, "none": 1, "off": 1}
+    assert va.retrieval_counts(trace) == {"lexical": 2, "semantic": 1, "history": 0, "none": 1,
+                                         "off": 1}
     t = va.retrieval_table(trace).set_index("source")
     assert list(t.index) == ["lex3", "lex2", "sem", "none", "off"]
     assert t.loc["lex3", "tree_rounds"] == 1 and t.loc["lex3", "accepted"] == 2
     assert t.loc["sem", "first_token_hit"] == 1.0 and t.loc["none", "drafted"] == 0
     assert pd.isna(t.loc["off", "first_token_hit"])          # nothing drafted
     fig = va.fig_retrieval(trace, selected_round=1)
-    assert [b.name for b in fig.data] == ["lexical (2)", "semantic (1)", "none (1)", "off (1)"]
+    assert [b.name for b in fig.data] == ["lexical (2)", "semantic (1)", "history (0)", "none (1)",
+                                          "off (1)"]
     assert list(fig.data[0].x) == [1, 5] and list(fig.data[0].y) == [3, 3]
     fig.to_json()
     empty = Trace(meta={"method": "adapld"}, prompt_ids=[1])
-    assert va.retrieval_counts(empty) == {"lexical": 0, "semantic": 0, "none": 0, "off": 0}
+    assert va.retrieval_counts(empty) == {"lexical": 0, "semantic": 0, "history": 0, "none": 0,
+                                          "off": 0}
     va.fig_retrieval(empty).to_json()
 
 
@@ -258,7 +261,7 @@ def test_ablation_table_orders_the_ladder(trace):
             run("pld", 2.5, [5, 7])]
     t = va.ablation_table(runs)
     assert list(t["method"]) == ["ar", "pld", "adapld_lex", "adapld"]
-    assert t.columns[0] == "variant" and t.loc[3, "variant"].startswith("AdaPLD: + branches")
+    assert t.columns[0] == "variant" and t.loc[3, "variant"].startswith("AdaPLD: + history")
     assert t.loc[3, "speedup_vs_ar"] == 2.0 and t.loc[0, "speedup_vs_ar"] == 1.0
     assert list(t["identical_to_ar"]) == [True, False, True, True]
 
@@ -273,7 +276,7 @@ def test_method_params_for_the_adapld_variants():
         assert specs, m
         cfg = make_drafter(m).config()
         assert all(cfg[k] == s.default for k, s in specs.items()), m
-    assert set(va.ADAPLD_METHODS) == {"adapld", "adapld_lex", "adapld_sem"}
+    assert set(va.ADAPLD_METHODS) == {"adapld", "adapld_nohist", "adapld_lex", "adapld_sem"}
     assert "semantic" not in sidebar("adapld_lex")      # the preset turns it off
     assert "node_budget" in sidebar("adapld") and "node_budget" not in sidebar("adapld_sem")
     assert make_drafter("adapld_lex", **sidebar("adapld_lex")).config()["semantic"] == "off"
@@ -352,7 +355,7 @@ def test_adapld_page_on_a_decode_run():
 
     # the ablation: lexical only vs plain decoding, timed in the same run
     at.number_input(key="max_new_tokens").set_value(16).run()
-    for m in ("adapld_sem", "adapld", "pld"):
+    for m in ("adapld_sem", "adapld_nohist", "adapld", "pld"):
         at.checkbox(key=f"ada_abl_{m}").uncheck().run()
     at.button(key="ada_abl_run").click().run()
     assert_clean(at)

@@ -181,6 +181,34 @@ def test_under_load_the_step_and_the_far_end_are_timed_first(tiny_target, monkey
     assert m.relative(32) == pytest.approx(1.8625 + (3.8 - 1.8625) * 30 / 62, rel=0.1)
 
 
+def test_a_padded_target_costs_one_step_up_to_its_min_width(tiny_target, monkeypatch):
+    """Forwards padded to min_width = 4 (width-invariant numerics): k = 2..4 is the one-token
+    forward itself, so it is not timed and c(k) = 1 exactly there, whatever rounds observe;
+    wider verifies are measured and refined as before."""
+    def fake_forward(target, cache, k, gen):
+        return 0.05 * (1.0 if k <= 4 else 1.0 + k / 64)
+
+    monkeypatch.setattr(costs, "_timed_forward", fake_forward)
+    monkeypatch.setattr(tiny_target, "min_width", 4, raising=False)
+    samples, _ = measure(tiny_target, budget_s=1.0)
+    assert {k for k, _ in samples} == {1, 8, 16, 32, 64}
+    m = calibrate(tiny_target, budget_s=1.0)
+    assert m.min_width == 4
+    assert [m.relative(k) for k in (1, 2, 3, 4)] == [1.0] * 4
+    assert m.relative(64) == pytest.approx(2.0)
+    for _ in range(20):          # a noisy 3-token round cannot make c(3) > 1 ...
+        m.observe(3, 0.08)
+    assert m.relative(3) == 1.0 and m.step_time > 0.05   # ... it is a (slow) step
+    m.observe(16, 0.2)
+    assert m.relative(16) > 1.25
+    back = CostModel.from_dict(json.loads(json.dumps(m.to_dict())))
+    assert back.min_width == 4 and back.relative(4) == 1.0
+    assert back.relative(16) == pytest.approx(m.relative(16))
+    assert_monotone(back)
+    plain = CostModel.from_points([(1, 1.0), (2, 1.3), (8, 1.5)], 0.05, min_width=2)
+    assert plain.relative(2) == 1.0 and plain.relative(8) == pytest.approx(1.5)
+
+
 def test_paired_ratios_cancel_a_load_change_during_calibration():
     # the machine gets 2x slower half way: a global one-token median would say c(64) = 8
     samples = [(1, 0.1), (2, 0.18), (1, 0.1), (64, 0.8), (1, 0.2), (16, 0.42), (1, 0.2)]

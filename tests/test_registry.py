@@ -69,7 +69,7 @@ def test_registry_entries_are_complete():
         assert METHODS[m].kind == "learned" and METHODS[m].needs_target
     assert not any(s.needs_target for m, s in METHODS.items()
                    if m not in ("dflash", "dspark", "retrace"))
-    assert methods_of(AdaPLDDrafter) == ("adapld", "adapld_lex", "adapld_sem")
+    assert methods_of(AdaPLDDrafter) == ("adapld", "adapld_nohist", "adapld_lex", "adapld_sem")
     assert METHODS["adapld_lex"].preset == {"ablation": "lexical"}
 
 
@@ -98,8 +98,8 @@ def test_drafter_signature_defaults_match_the_registry(method):
     for p in spec.params:
         assert p.name in sig, (method, p.name)
         d = sig[p.name].default
-        if d is not None and d is not inspect.Parameter.empty and p.name not in ("semantic",
-                                                                                   "branches"):
+        if d is not None and d is not inspect.Parameter.empty and p.name not in (
+                "semantic", "branches", "history"):   # set by the ablation preset when unset
             assert d == p.default, (method, p.name, d, p.default)
 
 

@@ -83,6 +83,7 @@ from .adapld_control import (EMA_DECAY, WEAK, WEAK_PRIOR, CopyFollower, SourceSt
                              experience, harmonic, inherited, probe_gaps, remember, stats_key)
 from .adapld_params import ABLATIONS, DEFAULT_SIM_THRESHOLD, PARAMS
 from .base import Draft, DraftContext, Drafter, VerifyFeedback
+from .history_store import resolve_store
 from .lookup import Candidate, NgramIndex, lexical_candidates
 from .registry import MethodSpec
 from .semantic_lookup import (WindowIndex, minilm_embed_fn, semantic_candidates,
@@ -119,12 +120,12 @@ class AdaPLDDrafter(Drafter):
 
     name = "adapld"
 
-    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, max_draft: int = 8,
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, max_draft: int = 16,
                  max_branches: int = 3, node_budget: int = 24, semantic: str = _UNSET,
                  sim_threshold: float | None = None, window: int = 8, adaptive: bool = True,
                  branches: bool = _UNSET, cost: str = "auto", ablation: str | None = None,
                  free_threshold: float | None = None, eos_token_ids: set[int] | None = None,
-                 max_copy: int = 64, learn: bool = False):
+                 max_copy: int = 64, learn: bool = False, history: str = _UNSET):
         if ablation is not None:
             key = str(ablation).strip().lower()
             if key not in ABLATIONS:
@@ -136,6 +137,7 @@ class AdaPLDDrafter(Drafter):
             preset = ABLATIONS["full"]
         semantic = preset["semantic"] if semantic is _UNSET else semantic
         branches = preset["branches"] if branches is _UNSET else branches
+        history = preset["history"] if history is _UNSET else history
         self.ablation = ablation
         P = PARAMS
         self.max_ngram = P["max_ngram"].check(max_ngram)
@@ -157,6 +159,8 @@ class AdaPLDDrafter(Drafter):
         self.cost_model = cost_curve(self.cost if self.cost != "auto" else "cpu")  # until begin
         self.max_copy = P["max_copy"].check(max_copy)
         self.learn = P["learn"].check(learn)
+        self.history = str(P["history"].check(history)).strip() or "off"
+        self.store = None
         self.record: dict[str, tuple] = {}
         self.eos_token_ids = set(eos_token_ids or ())
         self.fallback_reason: str | None = None
@@ -184,6 +188,7 @@ class AdaPLDDrafter(Drafter):
         self.windex = None
         self.fallback_reason = None
         self.cost_model = cost_curve(self.cost, target)
+        self.store = resolve_store(self.history, target)
         self.record = {}
         if self.learn and target is not None:
             try:
@@ -221,7 +226,8 @@ class AdaPLDDrafter(Drafter):
                 "sim_threshold": self.sim_threshold,
                 "free_threshold": round(self.free_threshold, 4), "window": self.window,
                 "adaptive": self.adaptive, "branches": self.branches, "cost": self.cost,
-                "max_copy": self.max_copy, "learn": self.learn, "ablation": self.ablation}
+                "max_copy": self.max_copy, "learn": self.learn, "history": self.history,
+                "ablation": self.ablation}
 
     # ------------------------------------------------------------------ retrieval
     def source_stats(self, source: str, round_index: int = 0) -> SourceStats:
@@ -263,9 +269,11 @@ class AdaPLDDrafter(Drafter):
         """(source key, retrieval kind, ranked candidates, suffix span) for the current context.
 
         Order: a lexical match of >= 2 tokens; else (semantic on) windows similar to the
-        suffix that end with the same last token, then a single-token lexical match; else
-        (semantic on) any window above the higher unaligned threshold. A semantic source that
-        the adaptive control switched off is skipped (its embeddings are caught up later)."""
+        suffix that end with the same last token; else (a history store loaded) what the target
+        most often wrote next in its own replies (single-token lexical matches as alternative
+        branches); else a single-token lexical match; else (semantic on) any window above the
+        higher unaligned threshold. A source that the adaptive control switched off is skipped
+        (the semantic embeddings are caught up later)."""
         self.index.sync(tokens)
         L = len(tokens)
         eos = self.eos_token_ids
@@ -279,6 +287,10 @@ class AdaPLDDrafter(Drafter):
                                           eos, aligned=True, index=self.index)
                 if sem:
                     return "sem", "semantic", sem, [L - self.window, L]
+        hist = self._history_candidate(tokens, length, round_index)
+        if hist is not None:
+            return "hist", "history", [hist] + lex, [L - int(hist.ngram), L]
+        if best_n == 1:
             return "lex1", "lexical", lex, [L - 1, L]
         if self.windex is not None and self._usable("semfree", round_index):
             sem = semantic_candidates(self.windex, tokens, length, top_k, self.free_threshold,
@@ -286,6 +298,19 @@ class AdaPLDDrafter(Drafter):
             if sem:
                 return "semfree", "semantic", sem, [L - self.window, L]
         return "", "none", [], None
+
+    def _history_candidate(self, tokens: Sequence[int], length: int, round_index: int
+                           ) -> Candidate | None:
+        """The history store's chain for the context's last 1-2 tokens (None: no store, no
+        entry, or the source is paused)."""
+        if self.store is None or not self._usable("hist", round_index):
+            return None
+        chain, n = self.store.chain(tokens, length, self.eos_token_ids)
+        if not chain:
+            return None
+        share = self.store.next_token(tokens[-2] if len(tokens) > 1 else None, tokens[-1])[1]
+        L = len(tokens)
+        return Candidate("history", chain, (L - n, L), float(share), ngram=n)
 
     # ------------------------------------------------------------------ propose
     def propose(self, ctx: DraftContext) -> Draft:
@@ -309,8 +334,12 @@ class AdaPLDDrafter(Drafter):
         d, probe, max_alts = plan
         seqs, chosen = self._hypotheses(cands, d, max_alts, st)
         tree = TokenTree.from_sequences(seqs, max_nodes=self.node_budget)
+        # the node budget may cut later hypotheses short: record what the tree really holds
+        kept = [(q[:_depth_in(tree, q)], c) for q, c in zip(seqs, chosen)]
+        kept = [(q, c) for q, c in kept if q]
+        seqs, chosen = [q for q, _ in kept], [c for _, c in kept]
         pend = _Pending(key, probe, min(len(seqs[0]), self.node_budget), n_alts=len(seqs) - 1,
-                        copy_from=chosen[0].span[1])
+                        copy_from=None if chosen[0].kind == "history" else chosen[0].span[1])
         if tree.is_chain:
             draft = Draft(tokens=list(tree.tokens))
         else:
@@ -466,6 +495,18 @@ class AdaPLDDrafter(Drafter):
         remember(self.record, pend.source, st)
 
 
+def _depth_in(tree: TokenTree, seq: Sequence[int]) -> int:
+    """How many leading tokens of ``seq`` form a path from the root of ``tree``."""
+    children = tree.children_map()
+    node, n = -1, 0
+    for tok in seq:
+        node = next((c for c in children.get(node, ()) if tree.tokens[c] == int(tok)), None)
+        if node is None:
+            break
+        n += 1
+    return n
+
+
 def _spec(name: str, display: str, description: str, ablation: str | None,
           settings: Sequence[str]) -> MethodSpec:
     """One AdaPLD method: the drafter with an ablation preset and the settings it leaves open."""
@@ -479,6 +520,9 @@ _BASIC = ("max_ngram", "min_ngram", "max_draft")
 SPECS = (
     _spec("adapld", "AdaPLD", "AdaPLD: adaptive prompt lookup (lexical + semantic retrieval, "
           "token trees)", None, tuple(PARAMS)),
+    _spec("adapld_nohist", "AdaPLD: no history store", "AdaPLD ablation: lexical + semantic "
+          "retrieval and token trees, without the history store", "branches",
+          tuple(n for n in PARAMS if n != "history")),
     _spec("adapld_lex", "AdaPLD: lexical only", "AdaPLD ablation: lexical retrieval only, "
           "single chain", "lexical", _BASIC + ("adaptive", "cost")),
     _spec("adapld_sem", "AdaPLD: + semantic", "AdaPLD ablation: lexical + semantic retrieval, "

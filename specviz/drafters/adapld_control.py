@@ -87,7 +87,7 @@ class SourceStats:
 #: starts from a sceptical prior (a1 = 0.25, a2 = 0.5, two rounds of weight), not from the
 #: pooled record, which long exact copies make optimistic: on a steep verify-cost curve it then
 #: waits for a probe instead of drafting at once; where verifying is nearly free it still drafts
-WEAK = ("lex1", "lex1~", "lex2~", "sem", "semfree")
+WEAK = ("lex1", "lex1~", "lex2~", "sem", "semfree", "hist")
 WEAK_PRIOR = (0.5, 1.5, 1.0, 1.0)
 #: a paused weak source is re-probed after 16 rounds, doubling up to 64 (a strong one: 4 .. 32):
 #: a probe costs a verify forward, and a weak source seldom turns into a paying one

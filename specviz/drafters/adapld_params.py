@@ -10,11 +10,12 @@ from .registry import ParamSpec, params_by_name
 SEMANTIC_CHOICES = ("off", "minilm", "target_embed")
 DEFAULT_SEMANTIC = "target_embed"
 DEFAULT_SIM_THRESHOLD = {"minilm": 0.5, "target_embed": 0.9, "off": 0.5}
+DEFAULT_HISTORY = "auto"
 ABLATIONS = {
-    "lexical": {"semantic": "off", "branches": False},
-    "semantic": {"semantic": DEFAULT_SEMANTIC, "branches": False},
-    "branches": {"semantic": DEFAULT_SEMANTIC, "branches": True},
-    "full": {"semantic": DEFAULT_SEMANTIC, "branches": True},
+    "lexical": {"semantic": "off", "branches": False, "history": "off"},
+    "semantic": {"semantic": DEFAULT_SEMANTIC, "branches": False, "history": "off"},
+    "branches": {"semantic": DEFAULT_SEMANTIC, "branches": True, "history": "off"},
+    "full": {"semantic": DEFAULT_SEMANTIC, "branches": True, "history": DEFAULT_HISTORY},
 }
 PARAMS = params_by_name(
     ParamSpec("max_ngram", int, 4, range=(1, 16), label="Longest n-gram",
@@ -22,7 +23,7 @@ PARAMS = params_by_name(
                    "output wins."),
     ParamSpec("min_ngram", int, 1, range=(1, 16), label="Shortest n-gram",
               help="Shortest suffix n-gram looked up (at most the longest n-gram)."),
-    ParamSpec("max_draft", int, 8, range=(1, 64), label="Longest draft",
+    ParamSpec("max_draft", int, 16, range=(1, 64), label="Longest draft",
               help="Most tokens in the best branch; the adaptive control picks the length up "
                    "to this."),
     ParamSpec("max_branches", int, 3, range=(1, 16), label="Most branches",
@@ -34,6 +35,11 @@ PARAMS = params_by_name(
               label="Semantic retrieval",
               help="Used when lexical matching finds < 2 tokens: target_embed (the target's own "
                    "embeddings, free), minilm (needs the MiniLM package) or off."),
+    ParamSpec("history", str, DEFAULT_HISTORY, label="History store",
+              help="When prompt lookup finds nothing to copy: draft what the target most often "
+                   "wrote next after the last 1-2 tokens in its own earlier greedy replies "
+                   "(auto = the store bundled for the loaded model, if any; off; or the path "
+                   "of a store made with `python -m specviz train store`)."),
     ParamSpec("window", int, 8, range=(2, 64), label="Semantic window",
               help="Tokens per window compared by semantic retrieval."),
     ParamSpec("adaptive", bool, True, label="Adaptive draft length",

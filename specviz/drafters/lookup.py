@@ -98,7 +98,7 @@ class NgramIndex:
 
 @dataclass
 class Candidate:
-    kind: str                    # "lexical" | "semantic"
+    kind: str                    # "lexical" | "semantic" | "history" (the target's own replies)
     tokens: list[int]            # the continuation to propose
     span: tuple[int, int]        # matched window in the context (absolute positions)
     score: float
@@ -110,8 +110,9 @@ class Candidate:
         """JSON-ready record; ``length``: how many continuation tokens were drafted."""
         s, e = self.span
         toks = self.tokens if length is None else self.tokens[:length]
+        copied = None if self.kind == "history" else [int(e), int(e) + len(toks)]
         return {"kind": self.kind, "span": [int(s), int(e)],
-                "copy_from": [int(e), int(e) + len(toks)], "score": round(self.score, 4),
+                "copy_from": copied, "score": round(self.score, 4),
                 "ngram": self.ngram,
                 "similarity": None if self.similarity is None else round(self.similarity, 4),
                 "votes": int(self.votes), "tokens": [int(t) for t in toks]}

@@ -48,20 +48,24 @@ ABLATION_LABELS = {
     "pld": "PLD (prompt lookup, reference)",
     "adapld_lex": "AdaPLD: lexical only",
     "adapld_sem": "AdaPLD: + semantic",
-    "adapld": "AdaPLD: + branches (full)",
+    "adapld_nohist": "AdaPLD: + branches",
+    "adapld": "AdaPLD: + history store (full)",
 }
-RETRIEVAL_KINDS = ("lexical", "semantic", "none", "off")
+RETRIEVAL_KINDS = ("lexical", "semantic", "history", "none", "off")
 RETRIEVAL_LABELS = {
     "lexical": "lexical (n-gram match)",
     "semantic": "semantic (similar window)",
+    "history": "history (what the target wrote next in its own earlier replies)",
     "none": "none (no match)",
     "off": "off (source paused by the adaptive control)",
 }
-RETRIEVAL_COLORS = {"lexical": "#2563eb", "semantic": "#9333ea", "none": "#94a3b8",
+RETRIEVAL_COLORS = {"lexical": "#2563eb", "semantic": "#9333ea", "history": "#0d9488",
+                    "none": "#94a3b8",
                     "off": "#f59e0b", "other": "#64748b"}
 SOURCE_LABELS = {"lex1": "lexical, 1-gram", "lex2": "lexical, 2-gram",
                  "lex3": "lexical, n >= 3", "sem": "semantic, aligned on the last token",
-                 "semfree": "semantic, free: no shared token"}
+                 "semfree": "semantic, free: no shared token",
+                 "hist": "history store: the target's most frequent next token"}
 _RGB = {"lexical": (37, 99, 235), "semantic": (147, 51, 234)}
 _FONT = dict(family="Inter, system-ui, sans-serif", size=12, color="#1e293b")
 
@@ -400,7 +404,8 @@ def matches_table(trace: Trace, round_index: int) -> pd.DataFrame:
             "drafted": f"branch {m['branch']}" if m.get("branch") is not None else "no",
             "span": f"{sp[0]}–{sp[1]}", "ngram": m.get("ngram"),
             "similarity": m.get("similarity"), "score": m.get("score"),
-            "votes": m.get("votes"), "copy_from": f"{cp[0]}–{cp[1]}",
+            "votes": m.get("votes"),
+            "copy_from": "history store" if m.get("kind") == "history" else f"{cp[0]}–{cp[1]}",
             "matched_text": txt(ctx[sp[0]:sp[1]]),
             "copied_text": txt(m.get("tokens") or ctx[cp[0]:cp[1]]),
         })
@@ -482,10 +487,11 @@ def retrieval_table(trace: Trace) -> pd.DataFrame:
     """Per retrieval source (lex1, lex2, lex3, sem, semfree, none, off): rounds, drafted and
     accepted tokens, how often the first drafted token was accepted, tree rounds, tau."""
     rows: dict[str, dict[str, Any]] = {}
-    order = ["lex3", "lex2", "lex1", "sem", "semfree", "none", "off"]
+    order = ["lex3", "lex2", "lex1", "sem", "semfree", "hist", "none", "off"]
     for r in trace.rounds:
         kind = retrieval_kind(r)
-        src = (r.extras or {}).get("source") if kind in ("lexical", "semantic") else kind
+        src = (r.extras or {}).get("source") if kind in ("lexical", "semantic", "history") \
+            else kind
         src = src or kind
         d = rows.setdefault(src, {"source": src, "kind": kind,
                                   "what": SOURCE_LABELS.get(src, RETRIEVAL_LABELS.get(src, src)),
