@@ -50,6 +50,18 @@ what followed it, as a chain or as a token tree of several hypotheses:
    draft each round (``max_draft`` x 2, 4, 8 ... up to ``max_copy``, default 64) while it keeps
    being accepted; the first rejection drops back to the search and control above.
 
+6. **History store** (``history="auto"``; beyond the paper, in the spirit of REST): when
+   prompt lookup has nothing to copy (no match of two or more tokens and no aligned semantic
+   window), the chain the target most often wrote next after the context's last 1-2 tokens in
+   its own earlier greedy replies (:mod:`.history_store`; a store is counted from cached
+   rollouts by ``python -m specviz train store`` and bundled for the embedded model). Source
+   ``hist`` (weak-evidence prior, so on a steep verify-cost curve it waits for probes); the
+   single-token lexical matches become alternative branches.
+
+Under width-invariant numerics (:mod:`specviz.numerics`, forwards padded to ``min_width``
+tokens) the verify-cost model knows that a draft of up to ``min_width - 1`` tokens costs what a
+plain step costs, so every source with any record of acceptance drafts at least one token.
+
 Lossless by construction: every draft token is a deterministic proposal, verified by the engine
 (greedy longest path; SpecInfer-style multi-child sampling for trees).
 
@@ -61,7 +73,8 @@ defaults never need it. (``fallback_reason`` is set, and recorded in the round e
 
 Ablations (``ablation=``, bench names in brackets): ``"lexical"`` — lexical only, single chain
 [``adapld_lex``]; ``"semantic"`` — + semantic retrieval, chain [``adapld_sem``]; ``"branches"``
-(= the default, full method) — + token trees [``adapld``].
+— + token trees [``adapld_nohist``]; ``"full"`` (the default) — + the history store
+[``adapld``].
 
 Where each idea lives: lexical retrieval (n-gram index, candidates) in :mod:`.lookup`, semantic
 retrieval (window index, embedders) in :mod:`.semantic_lookup`, the adaptive control and long

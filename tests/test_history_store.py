@@ -1,0 +1,103 @@
+"""AdaPLD's history store (specviz.drafters.history_store): counting, lookup and chains,
+(de)serialisation with clear errors, the bundled store of the embedded model, and AdaPLD
+drafting from it losslessly when prompt lookup has nothing to copy."""
+import random
+
+import numpy as np
+import pytest
+
+from specviz.drafters.history_store import (BUNDLED, BUNDLED_DIR, HistoryStore, build,
+                                            resolve_store)
+from specviz.engine import DecodeSettings, generate
+from specviz.errors import SettingsError
+
+from conftest import make_tiny_target
+
+
+def test_build_counts_the_most_frequent_next_token_and_prefers_two_tokens_of_context():
+    store = build([[5, 6, 7], [5, 6, 8], [9, 6, 8], [4, 6, 7]])
+    # after 6: 7 twice, 8 twice -> the tie goes to the smaller id; share = 2 / 4
+    assert store.bigram[6] == (7, 0.5) and store.bigram[5] == (6, 1.0)
+    assert store.trigram[(9, 6)] == (8, 1.0)
+    assert store.next_token(9, 6) == (8, 1.0, 2)           # the trigram wins ...
+    assert store.next_token(3, 6) == (7, 0.5, 1)           # ... else the bigram
+    assert store.next_token(None, 42) is None
+    assert store.meta["tokens"] == 12
+
+
+def test_a_chain_continues_on_its_own_predictions_and_stops_at_eos_or_the_unknown():
+    store = build([[1, 2, 3, 4, 99, 5]])
+    assert store.chain([7, 1], 10) == ([2, 3, 4, 99, 5], 1)
+    assert store.chain([1, 2], 2) == ([3, 4], 2)
+    assert store.chain([7, 1], 10, eos={99}) == ([2, 3, 4], 1)
+    assert store.chain([7, 8], 10) == ([], 0)
+    assert store.chain([], 3) == ([], 0) and store.chain([1], 0) == ([], 0)
+
+
+def test_save_load_round_trip_and_clear_errors(tmp_path):
+    store = build([[1, 2, 3, 2, 3, 4]], {"model": "m", "vocab_size": 64})
+    back = HistoryStore.load(store.save(tmp_path / "s.npz"))
+    assert {k: v[0] for k, v in back.bigram.items()} == {k: v[0] for k, v in store.bigram.items()}
+    assert all(abs(back.bigram[k][1] - v[1]) < 1e-3 for k, v in store.bigram.items())
+    assert back.trigram.keys() == store.trigram.keys()
+    assert back.meta["model"] == "m" and len(back) == len(store)
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a zip")
+    with pytest.raises(SettingsError, match="cannot be read"):
+        HistoryStore.load(bad)
+    with pytest.raises(SettingsError, match="does not exist"):
+        HistoryStore.load(tmp_path / "missing.npz")
+    np.savez(tmp_path / "foreign.npz", x=np.zeros(3))
+    with pytest.raises(SettingsError, match="train store"):
+        HistoryStore.load(tmp_path / "foreign.npz")
+
+
+def test_resolve_store_auto_off_path_and_vocabulary_check(tmp_path):
+    tiny = make_tiny_target(seed=3)
+    assert resolve_store("off", tiny) is None
+    assert resolve_store("auto", tiny) is None             # nothing bundled for a toy model
+    ok = build([[3, 4, 5]], {"vocab_size": 64}).save(tmp_path / "ok.npz")
+    assert resolve_store(str(ok), tiny).bigram[3] == (4, 1.0)
+    wrong = build([[3, 4, 5]], {"vocab_size": 1000}).save(tmp_path / "wrong.npz")
+    with pytest.raises(SettingsError, match="vocabulary of 1000"):
+        resolve_store(str(wrong), tiny)
+
+
+def test_the_bundled_store_belongs_to_the_embedded_model():
+    (name, file), = BUNDLED.items()
+    store = HistoryStore.load(BUNDLED_DIR / file)
+    assert store.meta["model"] == name and int(store.meta["vocab_size"]) == 49152
+    assert store.meta["tokens"] > 100_000 and len(store.trigram) > 10_000
+    assert (BUNDLED_DIR / file).stat().st_size < 2_000_000
+
+
+def test_adapld_drafts_from_the_store_where_lookup_finds_nothing_and_stays_lossless(tmp_path):
+    """The store is counted from the tiny target's own greedy replies to *other* prompts; on new
+    prompts of fresh tokens (nothing to copy) AdaPLD drafts from it and stays lossless."""
+    target = make_tiny_target(seed=11)
+    rng = random.Random(2)
+    s = DecodeSettings(max_new_tokens=24)
+
+    def fresh_prompt():
+        return [rng.randrange(3, 64) for _ in range(12)]
+    history = [generate(target, "ar", fresh_prompt(), s) for _ in range(30)]
+    path = build([h.prompt_ids[-1:] + h.output_ids for h in history],
+                 {"vocab_size": 64}).save(tmp_path / "tiny.npz")
+    hist_rounds = hits = 0
+    for _ in range(8):
+        p = fresh_prompt()
+        truth = generate(target, "ar", p, s).output_ids
+        for method, params in (("adapld", {"history": str(path), "cost": "flat"}),
+                               ("adapld_nohist", {"cost": "flat"})):
+            tr = generate(target, method, p, s, **params)
+            assert tr.output_ids == truth, method
+            rounds = [r for r in tr.rounds if r.extras.get("source") == "hist"]
+            if method == "adapld_nohist":
+                assert not rounds
+                continue
+            assert all(r.extras["retrieval"] == "history" for r in rounds)
+            assert all(m["copy_from"] is None for r in rounds for m in r.extras["matches"]
+                       if m["kind"] == "history")
+            hist_rounds += len(rounds)
+            hits += sum(1 for r in rounds if r.accepted >= 1)
+    assert hist_rounds > 10 and hits > 0
