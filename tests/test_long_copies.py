@@ -54,7 +54,7 @@ def test_long_copies_grow_past_ten_and_fall_back_at_a_rejection():
 def test_long_copies_off_when_the_longest_copy_is_the_draft_length():
     doc = _document()
     prompt = doc + [7, 7] + doc[:3]
-    rounds, _ = _synthetic_run(AdaPLDDrafter(semantic="off", max_copy=8), prompt, 12,
+    rounds, _ = _synthetic_run(AdaPLDDrafter(semantic="off", max_draft=8, max_copy=8), prompt, 12,
                                _editor(len(prompt) - 3, doc, {}))
     assert max(len(r.draft) for r in rounds) <= 8
 
