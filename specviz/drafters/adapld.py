@@ -77,9 +77,10 @@ Ablations (``ablation=``, bench names in brackets): ``"lexical"`` — lexical on
 [``adapld``].
 
 Where each idea lives: lexical retrieval (n-gram index, candidates) in :mod:`.lookup`, semantic
-retrieval (window index, embedders) in :mod:`.semantic_lookup`, the adaptive control and long
-copies in :mod:`.adapld_control`, the settings table in :mod:`.adapld_params`; this module is the
-drafter that ties them together (retrieve -> plan -> hypotheses -> tree; observe).
+retrieval (window index, embedders) in :mod:`.semantic_lookup`, branched hypotheses in
+:mod:`.adapld_branches`, the history store in :mod:`.history_store`, the adaptive control and
+long copies in :mod:`.adapld_control`, the settings table in :mod:`.adapld_params`; this module
+is the drafter that ties them together (retrieve -> plan -> hypotheses -> tree; observe).
 
 Measured figures (bench tables on the dev sets, the design notes behind the defaults) are in the
 README, section "AdaPLD and its ablations".
@@ -91,7 +92,7 @@ from typing import Any, Sequence
 
 from ..costs import cost_curve, model_key
 from ..errors import SettingsError
-from ..tree import TokenTree
+from .adapld_branches import hypotheses, tree_of
 from .adapld_control import (EMA_DECAY, WEAK, WEAK_PRIOR, CopyFollower, SourceStats,
                              experience, harmonic, inherited, probe_gaps, remember, stats_key)
 from .adapld_params import ABLATIONS, DEFAULT_SIM_THRESHOLD, PARAMS
@@ -345,12 +346,9 @@ class AdaPLDDrafter(Drafter):
         if plan is None:   # the source is paused
             return Draft(extras=self._extras("off", source, cands[:3], suffix, used=0, key=key))
         d, probe, max_alts = plan
-        seqs, chosen = self._hypotheses(cands, d, max_alts, st)
-        tree = TokenTree.from_sequences(seqs, max_nodes=self.node_budget)
-        # the node budget may cut later hypotheses short: record what the tree really holds
-        kept = [(q[:_depth_in(tree, q)], c) for q, c in zip(seqs, chosen)]
-        kept = [(q, c) for q, c in kept if q]
-        seqs, chosen = [q for q, _ in kept], [c for _, c in kept]
+        seqs, chosen = hypotheses(cands, d, max_alts, st, self.alt_gain, self.cost_model,
+                                  self.node_budget, self.adaptive)
+        tree, seqs, chosen = tree_of(seqs, chosen, self.node_budget)
         pend = _Pending(key, probe, min(len(seqs[0]), self.node_budget), n_alts=len(seqs) - 1,
                         copy_from=None if chosen[0].kind == "history" else chosen[0].span[1])
         if tree.is_chain:
@@ -378,33 +376,6 @@ class AdaPLDDrafter(Drafter):
             return SourceStats().best_length(min(depth_cap, PROBE_MAX), self.cost_model)[0], \
                 True, 0
         return st.best_length(depth_cap, self.cost_model)[0], False, alts
-
-    def _hypotheses(self, cands: list[Candidate], d: int, max_alts: int, st: SourceStats
-                    ) -> tuple[list[list[int]], list[Candidate]]:
-        """The sequences to merge into the draft tree, best first: the best candidate's first
-        ``d`` tokens, then up to ``max_alts`` alternatives of ceil(d/2) tokens that add a node.
-        Adaptive: only as many alternatives as maximise expected tokens per verify cost."""
-        alt_len = max(1, (d + 1) // 2)
-        seqs: list[list[int]] = []
-        chosen: list[Candidate] = []
-        for c in cands:
-            seq = c.tokens[:d if not seqs else alt_len]
-            if any(s[:len(seq)] == seq for s in seqs):
-                continue  # adds no node to the tree
-            seqs.append(seq)
-            chosen.append(c)
-            if len(seqs) > max_alts:
-                break
-        if self.adaptive and len(seqs) > 1:
-            base = 1.0 + st.expected_accepted(len(seqs[0]))
-            best_k, best_val = 0, -1.0
-            for k in range(len(seqs)):
-                nodes = len(TokenTree.from_sequences(seqs[:k + 1], max_nodes=self.node_budget))
-                val = (base + self.alt_gain * harmonic(k)) / self.cost_model.relative(nodes + 1)
-                if val > best_val + 1e-9:
-                    best_k, best_val = k, val
-            seqs, chosen = seqs[:best_k + 1], chosen[:best_k + 1]
-        return seqs, chosen
 
     def _follow(self, ctx: DraftContext) -> Draft | None:
         """A long copy: the span that was right last round, continued -- or re-found near
@@ -506,18 +477,6 @@ class AdaPLDDrafter(Drafter):
         elif thr < 1.0 + ON_MARGIN:
             st.pause(rnd.index + 1, gaps)
         remember(self.record, pend.source, st)
-
-
-def _depth_in(tree: TokenTree, seq: Sequence[int]) -> int:
-    """How many leading tokens of ``seq`` form a path from the root of ``tree``."""
-    children = tree.children_map()
-    node, n = -1, 0
-    for tok in seq:
-        node = next((c for c in children.get(node, ()) if tree.tokens[c] == int(tok)), None)
-        if node is None:
-            break
-        n += 1
-    return n
 
 
 def _spec(name: str, display: str, description: str, ablation: str | None,
