@@ -101,3 +101,29 @@ def test_adapld_drafts_from_the_store_where_lookup_finds_nothing_and_stays_lossl
             hist_rounds += len(rounds)
             hits += sum(1 for r in rounds if r.accepted >= 1)
     assert hist_rounds > 10 and hits > 0
+
+
+def test_semantic_and_history_matches_compete_on_their_record_in_the_run(monkeypatch):
+    """Both propose: the source with the better first-token acceptance so far goes first, the
+    other becomes an alternative branch (semantic first on a tie: both start from the same
+    sceptical prior)."""
+    from specviz.drafters import adapld as mod
+    from specviz.drafters.adapld import AdaPLDDrafter
+    from specviz.drafters.adapld_control import SourceStats
+    from specviz.drafters.lookup import Candidate
+
+    sem = [Candidate("semantic", [40, 41], (0, 8), 0.95, similarity=0.95)]
+    monkeypatch.setattr(mod, "semantic_candidates", lambda *a, **k: list(sem))
+    d = AdaPLDDrafter(semantic="off", cost="flat")
+    d.windex = object()            # semantic retrieval "on" (its lookup is stubbed above)
+    d.store = build([[7, 9, 50, 51]])
+    tokens = [5, 9, 4, 6, 7, 8, 3, 9]        # the last token (9) occurred: a 1-gram match
+    source, kind, cands, _ = d.retrieve(tokens, 4)
+    assert (source, kind) == ("sem", "semantic")
+    assert [c.kind for c in cands] == ["semantic", "history"] and cands[1].tokens == [50, 51]
+    d.stats["hist"] = SourceStats(9.0, 1.0, 5.0, 5.0)          # history has been right
+    source, kind, cands, _ = d.retrieve(tokens, 4)
+    assert (source, kind) == ("hist", "history") and cands[0].tokens == [50, 51]
+    assert cands[1].kind == "semantic"
+    d.store = None                                              # no store: semantic as before
+    assert d.retrieve(tokens, 4)[0] == "sem"

@@ -283,11 +283,13 @@ class AdaPLDDrafter(Drafter):
         """(source key, retrieval kind, ranked candidates, suffix span) for the current context.
 
         Order: a lexical match of >= 2 tokens; else (semantic on) windows similar to the
-        suffix that end with the same last token; else (a history store loaded) what the target
-        most often wrote next in its own replies (single-token lexical matches as alternative
-        branches); else a single-token lexical match; else (semantic on) any window above the
-        higher unaligned threshold. A source that the adaptive control switched off is skipped
-        (the semantic embeddings are caught up later)."""
+        suffix that end with the same last token, and (a history store loaded) what the target
+        most often wrote next in its own replies -- when both propose, the one with the better
+        record in this run (first-token acceptance a1; the semantic match on a tie) goes first
+        and the other becomes an alternative branch; else a single-token lexical match; else
+        (semantic on) any window above the higher unaligned threshold. A source that the
+        adaptive control switched off is skipped (the semantic embeddings are caught up
+        later)."""
         self.index.sync(tokens)
         L = len(tokens)
         eos = self.eos_token_ids
@@ -295,15 +297,16 @@ class AdaPLDDrafter(Drafter):
         if best_n >= 2:
             return ("lex3" if best_n >= 3 else "lex2"), "lexical", lex, [L - best_n, L]
         top_k = max(1, self.max_branches)
-        if best_n == 1:
-            if self.windex is not None and self._usable("sem", round_index):
-                sem = semantic_candidates(self.windex, tokens, length, top_k, self.sim_threshold,
-                                          eos, aligned=True, index=self.index)
-                if sem:
-                    return "sem", "semantic", sem, [L - self.window, L]
+        sem: list[Candidate] = []
+        if best_n == 1 and self.windex is not None and self._usable("sem", round_index):
+            sem = semantic_candidates(self.windex, tokens, length, top_k, self.sim_threshold,
+                                      eos, aligned=True, index=self.index)
         hist = self._history_candidate(tokens, length, round_index)
+        if sem and (hist is None or self.source_stats("sem", round_index).a1
+                    >= self.source_stats("hist", round_index).a1):
+            return "sem", "semantic", sem + ([hist] if hist else []), [L - self.window, L]
         if hist is not None:
-            return "hist", "history", [hist] + lex, [L - int(hist.ngram), L]
+            return "hist", "history", [hist] + sem + lex, [L - int(hist.ngram), L]
         if best_n == 1:
             return "lex1", "lexical", lex, [L - 1, L]
         if self.windex is not None and self._usable("semfree", round_index):
