@@ -49,7 +49,8 @@ def test_dflash_with_the_cut_is_lossless_and_records_why(tiny_target):
             if cut is None:                       # the last round may have no room to draft
                 continue
             if cut.get("paused"):                 # the forward gate paused the drafter
-                assert r.draft == [] and cut["kept"] == 0 and cut["rate"] < 1.0
+                # paused on a rate below one token per step (recorded rounded to 3 places)
+                assert r.draft == [] and cut["kept"] == 0 and cut["rate"] <= 1.0
                 continue
             assert len(r.draft) == cut["kept"] <= cut["block"] <= 7
             assert len(cut["value"]) == cut["block"] + 1
