@@ -406,6 +406,8 @@ class AdaPLDDrafter(Drafter):
         extras = self._extras("lexical", "copy", [cand], [L - n, L], n_branches=1,
                               draft_len=len(cont), nodes=len(cont))
         extras["streak"] = fol.streak
+        if fol.last_copy is not None and fol.last_copy.edits:
+            extras["edits"] = [[list(s), list(r)] for s, r in fol.last_copy.edits]
         return Draft(tokens=cont, extras=extras)
 
     def _extras(self, retrieval: str, source: str, cands: list[Candidate], suffix,

@@ -15,7 +15,9 @@ retrieval source has delivered and what a longer verify costs on this machine.
   target's own token continued it too, the next round continues from the same span (it has been
   right so far) instead of searching again, and the draft doubles (D, 2D, 4D ... up to
   ``max_copy``) while the copy keeps being accepted; the first rejection ends the streak, and the
-  normal search and control take over again (fall back fast).
+  normal search and control take over again (fall back fast). Where a broken copy is re-found,
+  the skipped source span and what the target wrote instead are learned as an edit
+  (:mod:`.copy_edits`), and later copies apply it (a renamed name at its next use).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..costs import CostModel
+from .copy_edits import EditedCopy, EditMemory
 from .lookup import continuation
 
 EMA_DECAY = 0.85
@@ -155,6 +158,7 @@ def harmonic(k: int) -> float:
 
 COPY_PRIOR = (1.8, 0.2, 3.6, 0.4)  # a copy in step is usually right: a1 = 0.9, a2 = 0.9
 RESYNC = (-2, 24, 6)  # after a break, look for the copy again at anchor-2 .. anchor+24, 6 rounds
+INSERT_CONTEXT = 2    # an inserted span is learned as an edit of the 2 source tokens before it
 
 
 @dataclass
@@ -165,7 +169,9 @@ class CopyFollower:
     copy is in step); ``streak``: consecutive rounds whose copied draft was accepted in full;
     ``anchor``: where an interrupted copy stood -- an edit (a renamed identifier, an inserted
     comment) breaks the copy for a few tokens, after which the text resumes a little further
-    on in the same span, so the next rounds look for it there first (``resync``)."""
+    on in the same span, so the next rounds look for it there first (``resync``). ``broke_at``:
+    (source position, context position) where the copy and the target's text parted; when the
+    copy is re-found, the two spans in between are learned as an edit (``memory``)."""
 
     max_copy: int = 64
     pointer: int | None = None
@@ -173,6 +179,9 @@ class CopyFollower:
     anchor: int | None = None
     anchor_age: int = 0
     stats: SourceStats = field(default_factory=lambda: SourceStats(*COPY_PRIOR))
+    memory: EditMemory = field(default_factory=EditMemory)
+    broke_at: tuple[int, int] | None = None
+    last_copy: EditedCopy | None = None  # the copy drafted this round (edits applied)
     _drafted: int = 0  # length of the copy drafted this round (0: this round did not follow)
 
     def length(self, base: int, cost: CostModel, margin: float = 0.0) -> int:
@@ -187,7 +196,8 @@ class CopyFollower:
 
     def resync(self, tokens: Sequence[int], max_n: int = 4) -> int | None:
         """Re-find an interrupted copy near its anchor: the position right after the longest
-        match (>= 2 tokens, or 1 token at most 4 past the anchor) of the context's suffix."""
+        match (>= 2 tokens, or 1 token at most 4 past the anchor) of the context's suffix; what
+        lies between the break and the match is learned as an edit."""
         if self.anchor is None:
             return None
         L, best = len(tokens), (0, None)
@@ -198,14 +208,40 @@ class CopyFollower:
             ok = m >= 2 or (m == 1 and q <= self.anchor + 4)
             if ok and m > best[0]:
                 best = (m, q)
+        if best[1] is not None:
+            self._learn_edit(tokens, best[1], best[0])
         return best[1]
 
+    def _learn_edit(self, tokens: Sequence[int], q: int, m: int) -> None:
+        """The copy broke at ``broke_at`` and resumes at ``q`` (its last ``m`` tokens matched):
+        source[break .. q - m] was rewritten as context[break .. L - m]."""
+        if self.broke_at is None:
+            return
+        (src, out), self.broke_at = self.broke_at, None
+        L = len(tokens)
+        if src == q - m and out < L - m:  # an insertion: keyed by the tokens before it
+            k = INSERT_CONTEXT
+            if src >= k and out >= k and tokens[src - k:src] == tokens[out - k:out]:
+                src, out = src - k, out - k
+        if src <= q - m and out <= L - m:
+            self.memory.learn(tokens[src:q - m], tokens[out:L - m])
+
     def continuation(self, tokens: Sequence[int], length: int, eos) -> list[int]:
-        """The next ``length`` tokens of the followed span (empty when there is none)."""
+        """The next ``length`` tokens of the followed span, learned edits applied (empty when
+        there is none)."""
         p = self.pointer
+        self.last_copy = None
         if p is None or not 0 < p < len(tokens) or tokens[p - 1] != tokens[-1]:
             return []
-        return continuation(tokens, p, length, eos)
+        if self.memory.edits:
+            edited = self.memory.apply(tokens, p, length, eos)
+            if edited.edits:
+                self.last_copy = edited
+                return list(edited.tokens)
+        cont = continuation(tokens, p, length, eos)  # may run past the context (a loop)
+        self.last_copy = EditedCopy(cont, [(p + i, p + i + 1) for i in range(len(cont))],
+                                    [None] * len(cont))
+        return cont
 
     def drafted(self, n: int) -> None:
         self._drafted = n
@@ -216,20 +252,27 @@ class CopyFollower:
         when everything was accepted and the target's own token continued the span too;
         otherwise remember where the copy broke (the anchor for :meth:`resync`)."""
         followed, self._drafted = self._drafted, 0
+        copy, self.last_copy = self.last_copy, None
         if followed:
             self.stats.update(accepted, accepted >= draft_len)
         if copy_from is None or draft_len == 0:
             self._lost()
             return
-        nxt = copy_from + min(accepted, draft_len)
+        if followed and copy is not None and copy.tokens:
+            nxt, wrong = copy.source_after(min(accepted, draft_len), copy_from)
+            self.memory.forget(wrong)    # the target wrote something else where it applied
+        else:
+            nxt = copy_from + min(accepted, draft_len)
         if accepted >= draft_len and nxt < len(context) and len(committed) > draft_len \
                 and int(committed[draft_len]) == int(context[nxt]):
             self.pointer, self.anchor, self.anchor_age = nxt + 1, nxt + 1, 0
             self.streak = self.streak + 1 if followed else 1
+            self.broke_at = None
         else:
             self.pointer, self.streak = None, 0
             if accepted or followed:
                 self.anchor, self.anchor_age = nxt, 0
+                self.broke_at = (nxt, len(context) - len(committed) + min(accepted, draft_len))
             else:
                 self._lost()
 
@@ -237,4 +280,4 @@ class CopyFollower:
         self.pointer, self.streak = None, 0
         self.anchor_age += 1
         if self.anchor_age > RESYNC[2]:
-            self.anchor = None
+            self.anchor = self.broke_at = None

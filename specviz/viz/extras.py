@@ -53,6 +53,10 @@ def _adapld(ex: dict) -> str:
     words = f"{kind} retrieval: {SOURCE_WORDS.get(src, src or 'match')}"
     if ex.get("streak"):
         words += f", {ex['streak']} full round(s) in a row"
+    if ex.get("edits"):
+        n = len(ex["edits"])
+        words += f", with {n} learned edit{'s' if n > 1 else ''} applied (a span the target " \
+                 "rewrote earlier in this reply)"
     if int(ex.get("branches") or 0) > 1:
         words += f"; a tree of {ex['branches']} branches"
     return words + (" (probe)" if ex.get("probe") else "")
