@@ -276,7 +276,7 @@ class AdaPLDDrafter(Drafter):
     @staticmethod
     def _paused(st: SourceStats, round_index: int) -> bool:
         """Switched off and not yet due for a probe."""
-        return st.off and round_index < st.next_probe
+        return not st.due(round_index)
 
     def retrieve(self, tokens: Sequence[int], length: int, round_index: int = 0
                  ) -> tuple[str, str, list[Candidate], list[int] | None]:
@@ -472,13 +472,9 @@ class AdaPLDDrafter(Drafter):
         if not self.adaptive:
             return
         _, thr = st.best_length(self.max_draft, self.cost_model)
-        first, most = gaps = probe_gaps(pend.source)
+        gaps = probe_gaps(pend.source)
         if st.off:                                   # this was a probe
-            if thr >= 1.0 + ON_MARGIN:
-                st.off, st.gap = False, first
-            else:
-                st.next_probe = rnd.index + 1 + st.gap
-                st.gap = min(most, 2 * st.gap)
+            st.probed(rnd.index, thr >= 1.0 + ON_MARGIN, gaps)
         elif thr < 1.0 + ON_MARGIN:
             st.pause(rnd.index + 1, gaps)
         remember(self.record, pend.source, st)

@@ -27,22 +27,21 @@ from typing import Sequence
 from ..costs import CostModel
 from .copy_edits import EditedCopy, EditMemory
 from .lookup import continuation
+from .probes import Paused
 
 EMA_DECAY = 0.85
 PRIOR = (1.2, 0.8, 1.4, 0.6)   # pseudo-counts (s1, f1, s2, f2): a1 = 0.6, a2 = 0.7 at the start
 PROBE_GAPS = (4, 32)           # first re-probe after 4 rounds, doubling up to 32
 @dataclass
-class SourceStats:
+class SourceStats(Paused):
     """Decayed acceptance counts of one retrieval source (for its best-ranked branch), plus its
-    on/off state. a1 = P(first token accepted), a2 = P(next accepted | previous accepted)."""
+    on/off state (:class:`~specviz.drafters.probes.Paused`). a1 = P(first token accepted),
+    a2 = P(next accepted | previous accepted)."""
 
     s1: float = PRIOR[0]
     f1: float = PRIOR[1]
     s2: float = PRIOR[2]
     f2: float = PRIOR[3]
-    off: bool = False
-    next_probe: int = 0
-    gap: int = PROBE_GAPS[0]
 
     @property
     def a1(self) -> float:
@@ -64,13 +63,6 @@ class SourceStats:
             if thr > best[1] + 1e-9:
                 best = (d, thr)
         return best
-
-    def pause(self, now: int, gaps: tuple[int, int]) -> None:
-        """Switch off: the first probe ``gaps[0]`` rounds after ``now``, the next gap doubled
-        (up to ``gaps[1]``)."""
-        self.off = True
-        self.next_probe = now + gaps[0]
-        self.gap = min(gaps[1], 2 * gaps[0])
 
     def update(self, accepted: int, full: bool) -> None:
         self.s1 *= EMA_DECAY

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..costs import CostModel
+from .probes import Paused
 
 DECAY = 0.95     # per round, for the calibration sums
 P_MAX = 0.995
@@ -35,14 +36,11 @@ PROBE_GAPS = (4, 32)        # first and longest wait before a paused drafter is 
 
 
 @dataclass
-class ForwardGate:
+class ForwardGate(Paused):
     """Whether a round runs the drafter at all (see the module docstring)."""
 
     tokens: float = GATE_PRIOR[0]   # decayed tokens committed by drafted rounds
     cost: float = GATE_PRIOR[1]     # decayed cost of those rounds, in one-token forwards
-    off: bool = False
-    next_probe: int = 0
-    gap: int = PROBE_GAPS[0]
 
     @property
     def rate(self) -> float:
@@ -51,23 +49,19 @@ class ForwardGate:
 
     def wants(self, round_index: int) -> bool:
         """Run the drafter this round? (on, or paused and due for a probe)"""
-        return not self.off or round_index >= self.next_probe
+        return self.due(round_index)
 
     def observe(self, round_index: int, committed: int, cost: float) -> None:
         """A drafted round committed ``committed`` tokens at ``cost`` one-token forwards."""
         if self.off:                        # a probe: judged on its own outcome
-            if committed >= cost:
-                self.off, self.gap = False, PROBE_GAPS[0]
+            self.probed(round_index, committed >= cost, PROBE_GAPS)
+            if not self.off:
                 self.tokens, self.cost = GATE_PRIOR[0] + committed, GATE_PRIOR[1] + cost
-            else:
-                self.next_probe = round_index + 1 + self.gap
-                self.gap = min(PROBE_GAPS[1], 2 * self.gap)
             return
         self.tokens = GATE_DECAY * self.tokens + committed
         self.cost = GATE_DECAY * self.cost + cost
         if self.rate < 1.0:
-            self.off, self.next_probe = True, round_index + 1 + PROBE_GAPS[0]
-            self.gap = 2 * PROBE_GAPS[0]
+            self.pause(round_index + 1, PROBE_GAPS)
 
 
 @dataclass
