@@ -169,6 +169,8 @@ if trace is not None:
         ss["_ada_sig"] = sig
         ss["ada_round"] = va.default_round(trace)
     tree_rounds = [r.index + 1 for r in trace.rounds if r.parents is not None]
+    if not tree_rounds and va.chains_only(trace):
+        st.caption(va.chains_only(trace))
 
     def _jump(step: int) -> None:
         cur = int(ss.get("ada_round", 1))

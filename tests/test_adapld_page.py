@@ -407,3 +407,11 @@ def test_page_opens_on_the_last_round_that_drafted(trace):
     assert va.default_round(trace) == len(trace.rounds)
     trace.rounds = []
     assert va.default_round(trace) == 1
+
+
+def test_a_padded_run_says_why_it_has_no_trees(trace):
+    assert va.chains_only(trace) == ""                        # no padding recorded
+    padded_run = Trace(meta=dict(trace.meta, min_width=2), prompt_ids=trace.prompt_ids,
+                   rounds=trace.rounds)
+    assert "first branch" in va.chains_only(padded_run) and "float32" in va.chains_only(padded_run)
+    assert va.chains_only(None) == ""

@@ -134,8 +134,8 @@ def test_bfloat16_target_is_width_invariant(bf16_target):
 
 
 def test_bfloat16_greedy_identical_for_every_method(bf16_target):
-    """Token for token, no near-tie allowance: 20 prompts of five kinds (PLD, AdaPLD with its
-    trees; DFlash on every other one)."""
+    """Token for token, no near-tie allowance: 20 prompts of five kinds (PLD, AdaPLD -- chains
+    here, as only a first branch counts under padding; DFlash on every other one)."""
     from conftest import example_prompts
 
     prompts = [r["prompt"] for r in example_prompts(4)][:20]

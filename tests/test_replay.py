@@ -3,6 +3,7 @@ same rounds as a real greedy Session, with no target forward -- on tiny random m
 trees, hidden-state drafters) and on the embedded model (PLD and the bundled DFlash)."""
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -117,3 +118,44 @@ def test_replay_and_edr_equal_real_greedy_sessions_on_embedded_prompts(embedded_
                               embedded_target)
         res = evaluate(greedy_acceptance(drafts, ro.tokens[ro.prompt_len:], K=16))
         assert res.edr == live.num_rounds, row["id"]
+
+
+def test_replay_keeps_the_first_branch_rule_of_padded_numerics(tiny_target):
+    """Under width-invariant numerics (min_width > 1) the engine commits only what a tree's first
+    branch would (numerics.first_branch_only); replay does the same, round for round."""
+    from test_engine import FixedTreeDrafter
+
+    target = copy.copy(tiny_target)
+    rng = random.Random(9)
+    for _ in range(3):
+        ro = rollout_of(target, repetitive_prompt(rng, 64, 24), 16)
+        truth = ro.tokens[ro.prompt_len:]
+
+        def branches(toks, P=ro.prompt_len, truth=truth):  # wrong first branch, right second
+            done = len(toks) - P
+            return [[3, 3, 3], truth[done:done + 4]] if done < len(truth) else [[3]]
+        target.min_width = 4
+        live = live_run(target, FixedTreeDrafter(branches), ro)
+        off = replay(FixedTreeDrafter(branches), ro, target)
+        same_rounds(live, off)
+        assert all(r.accepted == 0 for r in off.rounds)     # the second branch never counts
+        target.min_width = 1
+        full = replay(FixedTreeDrafter(branches), ro, target)
+        assert full.num_rounds < off.num_rounds
+
+
+def test_adapld_drafts_chains_where_only_a_first_branch_can_count(tiny_target):
+    target = copy.copy(tiny_target)
+    rng = random.Random(11)
+    trees = chains = 0
+    for _ in range(8):
+        ro = rollout_of(target, repetitive_prompt(rng, 64, rng.randint(4, 60)), 32)
+        target.min_width = 1                                # unpadded: real trees
+        trees += sum(r.parents is not None for r in replay(
+            make_drafter("adapld", target, cost="flat"), ro, target).rounds)
+        target.min_width = 2
+        d = make_drafter("adapld", target, cost="flat")
+        tr = replay(d, ro, target)
+        assert d.first_branch_only and all(r.parents is None for r in tr.rounds)
+        chains += sum(bool(r.draft) for r in tr.rounds)
+    assert trees > 5 and chains > 20, (trees, chains)

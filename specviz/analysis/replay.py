@@ -22,6 +22,7 @@ import torch
 
 from ..drafters.base import Draft, DraftContext, Drafter, VerifyFeedback, clip_draft
 from ..errors import SpecvizError
+from ..numerics import first_branch_only
 from ..trace import Round, Trace
 from ..tree import TokenTree
 from ..verify import Verdict
@@ -104,10 +105,14 @@ def _round(index: int, n: int, name: str, draft: Draft, tree: TokenTree, verdict
 
 
 def replay(drafter: Drafter, rollout: Rollout, target=None, method: str | None = None,
-           eos_token_ids: set[int] | None = None, token_texts: bool = True) -> Trace:
+           eos_token_ids: set[int] | None = None, token_texts: bool = True,
+           min_width: int | None = None) -> Trace:
     """Run ``drafter`` along ``rollout`` with greedy verification and no target forward.
     ``target`` is passed to the drafter's ``begin`` (drafters that read its embeddings or LM
-    head); ``token_texts=False`` skips decoding token texts (training-time evaluation)."""
+    head); ``token_texts=False`` skips decoding token texts (training-time evaluation).
+    ``min_width`` (default: the target's; 1 without one): under width-invariant numerics
+    (> 1) a tree round keeps only what its first branch would commit, as the engine does
+    (:func:`specviz.numerics.first_branch_only`)."""
     y, P = [int(t) for t in rollout.tokens], int(rollout.prompt_len)
     if not 0 < P <= len(y):
         raise SpecvizError(f"rollout prompt_len {P} is out of range for {len(y)} tokens")
@@ -115,6 +120,7 @@ def replay(drafter: Drafter, rollout: Rollout, target=None, method: str | None =
     hidden = drafter.hidden_state_layers is not None
     eos = set(eos_token_ids if eos_token_ids is not None
               else (target.eos_token_ids if target is not None else ()))
+    width = int(min_width if min_width is not None else getattr(target, "min_width", 1) or 1)
     drafter.begin(target, y[:P], rollout.hidden_states(0, P - 1) if hidden and P > 1 else None)
     rounds: list[Round] = []
     n = P
@@ -126,6 +132,8 @@ def replay(drafter: Drafter, rollout: Rollout, target=None, method: str | None =
         tree = TokenTree.chain(draft.tokens) if draft.parents is None else \
             TokenTree(list(draft.tokens), list(draft.parents))
         verdict = greedy_against(tree, y[n:])
+        if width > 1 and not tree.is_chain:
+            verdict = first_branch_only(tree, verdict)
         rnd = _round(len(rounds), n, drafter.name, draft, tree, verdict, y, eos, t_draft)
         rounds.append(rnd)
         drafter.observe(VerifyFeedback(

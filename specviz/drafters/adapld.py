@@ -25,7 +25,10 @@ what followed it, as a chain or as a token tree of several hypotheses:
 3. **Branched hypotheses**: the best-ranked continuation (length D) plus alternatives (other
    matches / n-gram lengths, length ceil(D/2)) merged with :meth:`TokenTree.from_sequences`
    (best first, so it gets the earliest children; ``node_budget`` nodes at most) and verified
-   in one target forward by the engine (4D tree mask); a single hypothesis is a chain.
+   in one target forward by the engine (4D tree mask); a single hypothesis is a chain. Under
+   width-invariant numerics (a padded bfloat16 target) only a tree's first branch is verified
+   exactly (:func:`specviz.numerics.first_branch_only`), so there the best branch is drafted
+   alone: another branch would widen the verify forward and could never add a token.
 4. **Adaptive control** (``adaptive=True``). Per retrieval source (``lex1``, ``lex2``, ``lex3``
    = n >= 3, ``sem``, ``semfree``) decayed counts (decay 0.85 per round) estimate a1 = P(first
    drafted token accepted) and a2 = P(next accepted | previous accepted) of the best-ranked
@@ -48,7 +51,10 @@ what followed it, as a chain or as a token tree of several hypotheses:
    round's copy was accepted in full and the target's own token continued the same span, the
    next round follows that span (source ``copy``) instead of searching again, doubling the
    draft each round (``max_draft`` x 2, 4, 8 ... up to ``max_copy``, default 64) while it keeps
-   being accepted; the first rejection drops back to the search and control above.
+   being accepted; the first rejection drops back to the search and control above. Where a
+   broken copy is re-found a few tokens on, the skipped source span and what the target wrote
+   instead are learned as an edit (:mod:`.copy_edits`; beyond the paper), and later copies
+   apply it (a renamed identifier at its next use).
 
 6. **History store** (``history="auto"``; beyond the paper, in the spirit of REST): when
    prompt lookup has nothing to copy (no match of two or more tokens and no aligned semantic
@@ -175,6 +181,7 @@ class AdaPLDDrafter(Drafter):
         self.learn = P["learn"].check(learn)
         self.history = str(P["history"].check(history)).strip() or "off"
         self.store = None
+        self.first_branch_only = False
         self.record: dict[str, tuple] = {}
         self.eos_token_ids = set(eos_token_ids or ())
         self.fallback_reason: str | None = None
@@ -203,6 +210,9 @@ class AdaPLDDrafter(Drafter):
         self.fallback_reason = None
         self.cost_model = cost_curve(self.cost, target)
         self.store = resolve_store(self.history, target)
+        # under width-invariant numerics only a tree's first branch can be accepted (numerics.
+        # first_branch_only): alternative branches would add verify width and never a token
+        self.first_branch_only = int(getattr(target, "min_width", 1) or 1) > 1
         self.record = {}
         if self.learn and target is not None:
             try:
@@ -370,7 +380,7 @@ class AdaPLDDrafter(Drafter):
         """(draft length D, is it a probe, most alternative branches) for a round whose best
         match comes from the source ``st``; None while that source is paused. A probe of a
         switched-off source drafts a chain as long as the default prior would."""
-        alts = self.max_branches - 1 if self.branches else 0
+        alts = self.max_branches - 1 if self.branches and not self.first_branch_only else 0
         if not self.adaptive:
             return depth_cap, False, alts
         if st.off:

@@ -80,6 +80,19 @@ def is_adapld_trace(trace: Trace | None) -> bool:
     return any(isinstance(r.extras, dict) and "retrieval" in r.extras for r in trace.rounds)
 
 
+def chains_only(trace: Trace | None) -> str:
+    """Why this run drew no token trees, when the reason is the target's numerics ('' else):
+    under width-invariant padding only a tree's first branch is exact, so AdaPLD drafts chains
+    (:func:`specviz.numerics.first_branch_only`)."""
+    meta = trace.meta if trace is not None else {}
+    if int(meta.get("min_width") or 1) <= 1:
+        return ""
+    return ("No token trees in this run: the target runs in bfloat16 with forwards padded to "
+            f"{int(meta['min_width'])} tokens, where only a tree's first branch is verified "
+            "exactly, so AdaPLD drafts its best branch alone (a second branch could never add a "
+            "token). Run with float32 numerics (`--target-dtype float32`) to see branch trees.")
+
+
 def round_context(trace: Trace, round_index: int) -> list[int]:
     """The context the drafter saw in round ``round_index``: prompt + everything committed before
     it (absolute positions, as in the extras)."""
