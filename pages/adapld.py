@@ -169,8 +169,9 @@ if trace is not None:
         ss["_ada_sig"] = sig
         ss["ada_round"] = va.default_round(trace)
     tree_rounds = [r.index + 1 for r in trace.rounds if r.parents is not None]
-    if not tree_rounds and va.chains_only(trace):
-        st.caption(va.chains_only(trace))
+    why_no_trees = "" if tree_rounds else va.chains_only(trace)
+    if why_no_trees:
+        st.caption(why_no_trees)
 
     def _jump(step: int) -> None:
         cur = int(ss.get("ada_round", 1))

@@ -27,11 +27,10 @@ from typing import Sequence
 from ..costs import CostModel
 from .copy_edits import EditedCopy, EditMemory
 from .lookup import continuation
-from .probes import Paused
+from .probes import PROBE_GAPS, Paused
 
 EMA_DECAY = 0.85
 PRIOR = (1.2, 0.8, 1.4, 0.6)   # pseudo-counts (s1, f1, s2, f2): a1 = 0.6, a2 = 0.7 at the start
-PROBE_GAPS = (4, 32)           # first re-probe after 4 rounds, doubling up to 32
 @dataclass
 class SourceStats(Paused):
     """Decayed acceptance counts of one retrieval source (for its best-ranked branch), plus its

@@ -26,13 +26,12 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..costs import CostModel
-from .probes import Paused
+from .probes import PROBE_GAPS, Paused
 
 DECAY = 0.95     # per round, for the calibration sums
 P_MAX = 0.995
 GATE_DECAY = 0.9            # per drafted round, for the forward gate's sums
 GATE_PRIOR = (7.5, 6.0)     # prior (tokens, cost): three rounds at 1.25 tokens per step
-PROBE_GAPS = (4, 32)        # first and longest wait before a paused drafter is probed
 
 
 @dataclass

@@ -8,8 +8,9 @@ the target wrote instead (``replacement``). :class:`EditMemory` keeps such pairs
 copies draft the replacement wherever the source span occurs again -- so the second and later
 uses of a renamed name no longer break the copy.
 
-Conventions: an edit is a pair of token tuples, each 1..``MAX_SPAN`` long (a pure insertion or
-deletion has no key and is not learned); a copy applies the longest edit whose source starts
+Conventions: an edit is a pair of token tuples, each 1..``MAX_SPAN`` long (an insertion is
+keyed by the source tokens before it, see ``CopyFollower``; a pure deletion is not learned); a
+copy applies the longest edit whose source starts
 at a position, and never drafts part of a replacement (it stops before one that does not fit).
 An edit the target contradicts (a draft rejected inside or at the start of its replacement) is
 forgotten. Drafts stay proposals: verification is unchanged, so output is exactly the target's.
@@ -60,9 +61,6 @@ class EditMemory:
     """Source span -> replacement, learned from where copies broke and were re-found."""
 
     edits: dict[tuple[int, ...], tuple[int, ...]] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.edits)
 
     def learn(self, source: Sequence[int], replacement: Sequence[int]) -> bool:
         """Remember that ``source`` was rewritten as ``replacement``; False (nothing learned) for

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+PROBE_GAPS = (4, 32)   # first re-probe after 4 rounds, doubling up to 32
+
 
 @dataclass
 class Paused:
@@ -18,7 +20,7 @@ class Paused:
 
     off: bool = field(default=False, kw_only=True)
     next_probe: int = field(default=0, kw_only=True)
-    gap: int = field(default=4, kw_only=True)
+    gap: int = field(default=PROBE_GAPS[0], kw_only=True)
 
     def due(self, round_index: int) -> bool:
         """Draft this round? (on, or paused and due for a probe)"""
