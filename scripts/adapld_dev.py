@@ -1,9 +1,12 @@
 """AdaPLD development harness: offline replay of drafter variants against cached greedy outputs.
 
 Dev prompts only (none the README's benches use): Spec-Bench rows 20-27 of each category,
-GSM8K rows 3000-3019, MBPP rows 400-419, code-editing prompts from MBPP rows 700-735.
+GSM8K rows 3000-3019, MBPP rows 400-419, code-editing prompts from MBPP rows 600-639 (rows
+700-719 became a bench slice, so they are no longer dev prompts).
 
     python scripts/adapld_dev.py gen  runs/adapld_dev          # AR outputs (~10 min)
+    python scripts/adapld_dev.py from-traces runs/adapld_dev BENCH_OUT ...  # or: the AR traces
+        # of `specviz bench --save-traces` runs on dev prompts (+ a fresh calibration)
     python scripts/adapld_dev.py eval runs/adapld_dev pld adapld adapld_lex \
         'adapld:semantic=off' ...
 
@@ -42,7 +45,7 @@ def dev_prompts():
     items += gsm[3000:3020]
     mbpp = load_prompts(DATA / "mbpp.jsonl")
     items += mbpp[400:420]
-    items += load_edit_prompts(DATA / "mbpp.jsonl", 36, 0, 700)
+    items += load_edit_prompts(DATA / "mbpp.jsonl", 40, 0, 600)
     return items
 
 
@@ -60,6 +63,24 @@ def gen(out: Path, max_new: int = 64) -> None:
     (out / "rollouts.json").write_text(json.dumps(rows))
     cost = calibrate(target)
     (out / "cost.json").write_text(json.dumps(cost.to_dict()))
+
+
+def from_traces(out: Path, benches: list[str]) -> None:
+    """rollouts.json from the AR traces saved by ``specviz bench --save-traces`` (dev prompts
+    only), and cost.json from a calibration on this machine now."""
+    from specviz.trace import Trace
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for b in benches:
+        for f in sorted(Path(b, "traces", "ar").glob("*/*")):
+            t = Trace.load(f)
+            toks = list(t.prompt_ids) + [x for r in t.rounds for x in r.committed]
+            rows.append({"id": f.stem, "category": f.parent.name, "tokens": toks,
+                         "prompt_len": len(t.prompt_ids)})
+    (out / "rollouts.json").write_text(json.dumps(rows))
+    cost = calibrate(load_target("default"))
+    (out / "cost.json").write_text(json.dumps(cost.to_dict()))
+    print(len(rows), "rollouts;", "curve", [(k, round(cost.relative(k), 2)) for k in (1, 2, 8, 16)])
 
 
 def parse_variant(v: str) -> tuple[str, dict]:
@@ -118,5 +139,7 @@ if __name__ == "__main__":
     cmd, out = sys.argv[1], Path(sys.argv[2])
     if cmd == "gen":
         gen(out)
+    elif cmd == "from-traces":
+        from_traces(out, sys.argv[3:])
     else:
         evaluate(out, sys.argv[3:])

@@ -233,11 +233,15 @@ def cmd_train_store(args) -> int:
         if read_meta(folder).get("vocab_size") != meta.get("vocab_size"):
             raise SpecvizError(f"{folder} was made with another vocabulary than "
                                f"{args.rollouts[0]}")
+    if args.min_count4 is not None and args.min_count4 < 0:
+        raise SpecvizError(f"--min-count4 must be 0 or more, got {args.min_count4}")
+    kw = {} if args.min_count4 is None else {"min_count4": args.min_count4}
     store = store_from_rollouts(args.rollouts, {"model": args.model_name or meta.get("model"),
-                                                "vocab_size": meta.get("vocab_size")})
+                                                "vocab_size": meta.get("vocab_size")}, **kw)
     path = store.save(args.out)
-    print(f"history store: {store.meta['tokens']} reply tokens -> {len(store.bigram)} bigram "
-          f"and {len(store.trigram)} trigram contexts; {path} ({path.stat().st_size // 1024} KB)")
+    print(f"history store: {store.meta['tokens']} reply tokens -> {len(store.bigram)} bigram, "
+          f"{len(store.trigram)} trigram and {len(store.fourgram)} four-gram contexts; {path} "
+          f"({path.stat().st_size // 1024} KB)")
     return 0
 
 
@@ -525,9 +529,12 @@ def _add_train_prefill(tsub) -> None:
 
 def _add_train_store(tsub) -> None:
     p = tsub.add_parser("store", help="count AdaPLD's history store (the target's most frequent "
-                        "next token per 1-2 token context) from greedy rollouts")
+                        "next token per 1-3 token context) from greedy rollouts")
     p.add_argument("--rollouts", nargs="+", required=True, help="greedy rollout folders")
     p.add_argument("--out", required=True, help="the .npz file to write")
+    p.add_argument("--min-count4", type=int, default=None,
+                   help="keep a three-token context seen at least this often (0: none; "
+                        "default: history_store.MIN_COUNT4)")
     p.add_argument("--model-name", default=None, help="model name recorded in the store")
     p.set_defaults(func=cmd_train_store)
 

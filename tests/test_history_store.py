@@ -25,6 +25,25 @@ def test_build_counts_the_most_frequent_next_token_and_prefers_two_tokens_of_con
     assert store.meta["tokens"] == 12
 
 
+def test_three_tokens_of_context_win_once_seen_often_enough_and_survive_a_round_trip(tmp_path):
+    # after (1, 6): 7 twice; after 6 alone (and after (2, 6)): 8 three times
+    seqs = [[0, 1, 6, 7], [0, 1, 6, 7], [3, 2, 6, 8], [3, 2, 6, 8], [5, 2, 6, 8], [9, 4, 6, 9]]
+    store = build(seqs)
+    assert store.fourgram[(0, 1, 6)] == (7, 1.0) and (9, 4, 6) not in store.fourgram  # seen once
+    assert store.next_token(1, 6, 0) == (7, 1.0, 3)        # the three-token context wins ...
+    assert store.next_token(2, 6, 9) == (8, 1.0, 2)        # ... else the trigram
+    assert store.chain([0, 1, 6], 1) == ([7], 3)
+    assert build(seqs, min_count4=1).fourgram[(9, 4, 6)] == (9, 1.0)
+    assert build(seqs, min_count4=0).fourgram == {}
+    back = HistoryStore.load(store.save(tmp_path / "s.npz"))
+    assert back.fourgram.keys() == store.fourgram.keys() and back.next_token(1, 6, 0)[0] == 7
+    # a store saved before three-token contexts existed still loads (no fourgram arrays)
+    with np.load(tmp_path / "s.npz") as z:
+        old = {k: z[k] for k in z.files if not k.startswith("fourgram")}
+    np.savez(tmp_path / "old.npz", **old)
+    assert HistoryStore.load(tmp_path / "old.npz").fourgram == {}
+
+
 def test_a_chain_continues_on_its_own_predictions_and_stops_at_eos_or_the_unknown():
     store = build([[1, 2, 3, 4, 99, 5]])
     assert store.chain([7, 1], 10) == ([2, 3, 4, 99, 5], 1)

@@ -335,7 +335,7 @@ class AdaPLDDrafter(Drafter):
         chain, n = self.store.chain(tokens, length, self.eos_token_ids)
         if not chain:
             return None
-        share = self.store.next_token(tokens[-2] if len(tokens) > 1 else None, tokens[-1])[1]
+        share = self.store.next_token(*self.store.context(tokens))[1]
         L = len(tokens)
         return Candidate("history", chain, (L - n, L), float(share), ngram=n)
 

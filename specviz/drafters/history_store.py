@@ -9,9 +9,11 @@ own replies to *other* prompts know what it tends to write next (" list" -> " co
 costs nothing (the step is padded to two tokens anyway), so even a modest hit rate pays.
 
 Conventions: a store is counted once from token sequences (the replies of cached greedy
-rollouts, :func:`build`): ``bigram[x] = (y, share)``, ``trigram[(w, x)] = (y, share)`` with y
-the most frequent successor and ``share`` its fraction of that context's occurrences. A lookup
-prefers the trigram (backing off to the bigram), and a chain continues on its own predictions
+rollouts, :func:`build`): ``bigram[x] = (y, share)``, ``trigram[(w, x)] = (y, share)`` and
+``fourgram[(u, w, x)] = (y, share)`` with y the most frequent successor and ``share`` its
+fraction of that context's occurrences (a three-token context is kept only when it occurred at
+least ``min_count4`` times: a context seen once says "share 1.0" on no evidence). A lookup
+prefers the longest context (backing off to shorter ones), and a chain continues on its own predictions
 (:meth:`HistoryStore.chain`) until a context is unknown or an EOS would follow. Deterministic,
 no model, no training: counting. Stores are tied to one tokenizer (``meta``: model, vocab size);
 ``auto`` in AdaPLD uses the bundled store of the loaded target when one exists.
@@ -40,12 +42,19 @@ class HistoryStore:
     bigram: dict[int, tuple[int, float]]
     trigram: dict[tuple[int, int], tuple[int, float]]
     meta: dict = field(default_factory=dict)
+    fourgram: dict[tuple[int, int, int], tuple[int, float]] = field(default_factory=dict)
 
     def __len__(self) -> int:
-        return len(self.bigram) + len(self.trigram)
+        return len(self.bigram) + len(self.trigram) + len(self.fourgram)
 
-    def next_token(self, w: int | None, x: int) -> tuple[int, float, int] | None:
-        """(predicted token, its share, n of the matched context: 2 or 1) after ``... w x``."""
+    def next_token(self, w: int | None, x: int, u: int | None = None
+                   ) -> tuple[int, float, int] | None:
+        """(predicted token, its share, n of the matched context: 3, 2 or 1) after
+        ``... u w x`` (``u`` / ``w`` None: that much context is not known)."""
+        if u is not None and w is not None and self.fourgram:
+            hit = self.fourgram.get((int(u), int(w), int(x)))
+            if hit is not None:
+                return hit[0], hit[1], 3
         if w is not None:
             hit = self.trigram.get((int(w), int(x)))
             if hit is not None:
@@ -57,12 +66,11 @@ class HistoryStore:
         """(up to ``length`` predicted tokens, n of the first lookup's context; 0 = no entry)."""
         if not tokens or length <= 0:
             return [], 0
-        ctx = [int(t) for t in tokens[-2:]]
+        ctx = [int(t) for t in tokens[-3:]]
         out: list[int] = []
         first_n = 0
         while len(out) < length:
-            w = ctx[-2] if len(ctx) >= 2 else None
-            hit = self.next_token(w, ctx[-1])
+            hit = self.next_token(*self.context(ctx))
             if hit is None or hit[0] in eos:
                 break
             first_n = first_n or hit[2]
@@ -70,19 +78,30 @@ class HistoryStore:
             ctx.append(hit[0])
         return out, first_n
 
+    @staticmethod
+    def context(tokens: Sequence[int]) -> tuple[int | None, int, int | None]:
+        """``(w, x, u)`` for :meth:`next_token` from the context's last three tokens."""
+        n = len(tokens)
+        return (int(tokens[-2]) if n > 1 else None, int(tokens[-1]),
+                int(tokens[-3]) if n > 2 else None)
+
     # ------------------------------------------------------------------ (de)serialisation
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         bk = np.array(sorted(self.bigram), dtype=np.int32)
         tk = np.array(sorted(self.trigram), dtype=np.int32).reshape(-1, 2)
+        fk = np.array(sorted(self.fourgram), dtype=np.int32).reshape(-1, 3)
         np.savez_compressed(
             path, meta=np.array(json.dumps(self.meta)),
             bigram_keys=bk, bigram_next=np.array([self.bigram[k][0] for k in bk.tolist()], np.int32),
             bigram_share=np.array([self.bigram[k][1] for k in bk.tolist()], np.float16),
             trigram_keys=tk,
             trigram_next=np.array([self.trigram[tuple(k)][0] for k in tk.tolist()], np.int32),
-            trigram_share=np.array([self.trigram[tuple(k)][1] for k in tk.tolist()], np.float16))
+            trigram_share=np.array([self.trigram[tuple(k)][1] for k in tk.tolist()], np.float16),
+            fourgram_keys=fk,
+            fourgram_next=np.array([self.fourgram[tuple(k)][0] for k in fk.tolist()], np.int32),
+            fourgram_share=np.array([self.fourgram[tuple(k)][1] for k in fk.tolist()], np.float16))
         return path
 
     @classmethod
@@ -99,17 +118,27 @@ class HistoryStore:
                           zip(z["bigram_keys"], z["bigram_next"], z["bigram_share"])}
                 trigram = {(int(k[0]), int(k[1])): (int(y), float(s)) for k, y, s in
                            zip(z["trigram_keys"], z["trigram_next"], z["trigram_share"])}
+                fourgram = {tuple(int(t) for t in k): (int(y), float(s)) for k, y, s in
+                            zip(z["fourgram_keys"], z["fourgram_next"], z["fourgram_share"])} \
+                    if "fourgram_keys" in z.files else {}   # stores saved before 4-grams
         except Exception as exc:  # zip/npz/json errors: a torn or foreign file
             raise SettingsError(f"history store {path} cannot be read ({type(exc).__name__}: "
                                 f"{exc}); rebuild it with `python -m specviz train store`") from exc
-        return cls(bigram, trigram, meta)
+        return cls(bigram, trigram, meta, fourgram)
 
 
-def build(sequences: Iterable[Sequence[int]], meta: dict | None = None) -> HistoryStore:
+#: a three-token context must have occurred this often to enter the store
+MIN_COUNT4 = 2
+
+
+def build(sequences: Iterable[Sequence[int]], meta: dict | None = None,
+          min_count4: int = MIN_COUNT4) -> HistoryStore:
     """Count a store from token sequences (each the target's greedy reply, preceded by the
-    prompt's last token so the reply's first token has a context)."""
+    prompt's last tokens so the reply's first token has a context). ``min_count4 = 0``: no
+    three-token contexts (the store of bigrams and trigrams only)."""
     big: dict[int, Counter] = defaultdict(Counter)
     tri: dict[tuple[int, int], Counter] = defaultdict(Counter)
+    four: dict[tuple[int, int, int], Counter] = defaultdict(Counter)
     tokens = 0
     for seq in sequences:
         s = [int(t) for t in seq]
@@ -118,20 +147,29 @@ def build(sequences: Iterable[Sequence[int]], meta: dict | None = None) -> Histo
             big[a][b] += 1
         for a, b, c in zip(s, s[1:], s[2:]):
             tri[(a, b)][c] += 1
+        if min_count4 > 0:
+            for a, b, c, d in zip(s, s[1:], s[2:], s[3:]):
+                four[(a, b, c)][d] += 1
 
-    def top(table):
+    def top(table, min_count=1):
         out = {}
         for k, cnt in table.items():
+            if sum(cnt.values()) < min_count:
+                continue
             # most frequent; ties to the smaller token id (deterministic)
             y, n = min(cnt.items(), key=lambda kv: (-kv[1], kv[0]))
             out[k] = (int(y), n / sum(cnt.values()))
         return out
-    return HistoryStore(top(big), top(tri), dict(meta or {}, tokens=tokens))
+    return HistoryStore(top(big), top(tri), dict(meta or {}, tokens=tokens, min_count4=min_count4),
+                        top(four, max(1, min_count4)) if min_count4 > 0 else {})
 
 
-def store_from_rollouts(folders: Sequence[str | Path], meta: dict | None = None) -> HistoryStore:
-    """A store from the replies of cached greedy rollout folders (prefill-labelled texts and
-    sampled rollouts are skipped: their text is not the target's greedy reply)."""
+def store_from_rollouts(folders: Sequence[str | Path], meta: dict | None = None,
+                        min_count4: int = MIN_COUNT4) -> HistoryStore:
+    """A store from the replies of cached greedy rollout folders, each preceded by the prompt's
+    last two tokens (the chat template's end: what a reply starts with is counted too).
+    Prefill-labelled texts and sampled rollouts are skipped: their text is not the target's
+    greedy reply."""
     from ..train.rollouts import RolloutSet
 
     def replies():
@@ -144,8 +182,8 @@ def store_from_rollouts(folders: Sequence[str | Path], meta: dict | None = None)
                     continue
                 toks = rs._shard(i).get_tensor(row["name"] + ".tokens").tolist()
                 p = int(row["prompt_len"])
-                yield toks[p - 1:]
-    return build(replies(), dict(meta or {}, sources=[str(f) for f in folders]))
+                yield toks[max(0, p - 2):]
+    return build(replies(), dict(meta or {}, sources=[str(f) for f in folders]), min_count4)
 
 
 def bundled_store(target) -> HistoryStore | None:
