@@ -127,6 +127,10 @@ def test_spec_parsing_and_the_bench_hook():
         parse_edit_spec("edit::30")
     items = load_edit_spec(f"edit:{MBPP}:5:100")
     assert len(items) == 5 and items[0].id.startswith("edit-101-")
+    # the rollout loader takes the same spec (a history store counted from editing replies)
+    from specviz.train.rollouts import load_items
+    mixed = load_items([f"edit:{MBPP}:5:100", f"{MBPP}:2"])
+    assert [it.id for it in mixed[:5]] == [it.id for it in items] and len(mixed) == 7
 
 
 def test_bad_input_raises_a_specviz_error(tmp_path):

@@ -146,3 +146,26 @@ def test_semantic_and_history_matches_compete_on_their_record_in_the_run(monkeyp
     assert cands[1].kind == "semantic"
     d.store = None                                              # no store: semantic as before
     assert d.retrieve(tokens, 4)[0] == "sem"
+
+
+def test_a_longer_store_context_goes_before_a_two_token_match_it_disagrees_with():
+    """Lexical match "10 11" -> 20 (one 2-gram occurrence); the store saw "5 10 11" -> 30 twice
+    (share 1.0 > the 2-gram's prior a1): the store's chain goes first, the copy becomes an
+    alternative. Not when the store's context is no longer than the match, when both agree,
+    or with the arbitration off."""
+    from specviz.drafters.adapld import AdaPLDDrafter
+
+    tokens = [1, 2, 3, 4, 10, 11, 20, 5, 10, 11]
+    d = AdaPLDDrafter(semantic="off", cost="flat")
+    d.store = build([[5, 10, 11, 30, 31], [5, 10, 11, 30, 31]])
+    source, kind, cands, suffix = d.retrieve(tokens, 4)
+    assert (source, kind) == ("hist", "history") and cands[0].tokens == [30, 31]
+    assert cands[1].kind == "lexical" and cands[1].tokens[0] == 20 and suffix == [7, 10]
+    for store in (build([[10, 11, 30, 31]] * 2, min_count4=0),     # a trigram only: n = 2
+                  build([[5, 10, 11, 20, 31]] * 2)):               # it agrees with the copy
+        d = AdaPLDDrafter(semantic="off", cost="flat")
+        d.store = store
+        assert d.retrieve(tokens, 4)[0] == "lex2"
+    d = AdaPLDDrafter(semantic="off", cost="flat")
+    d.store, d.arbitrate = build([[5, 10, 11, 30, 31]] * 2), False
+    assert d.retrieve(tokens, 4)[0] == "lex2"

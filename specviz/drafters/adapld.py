@@ -182,6 +182,7 @@ class AdaPLDDrafter(Drafter):
         self.history = str(P["history"].check(history)).strip() or "off"
         self.store = None
         self.first_branch_only = False
+        self.arbitrate = True   # a longer store context may go before a 2-gram match (_rival)
         self.record: dict[str, tuple] = {}
         self.eos_token_ids = set(eos_token_ids or ())
         self.fallback_reason: str | None = None
@@ -305,7 +306,11 @@ class AdaPLDDrafter(Drafter):
         eos = self.eos_token_ids
         best_n, lex = lexical_candidates(self.index, length, eos, self.max_ngram, self.min_ngram)
         if best_n >= 2:
-            return ("lex3" if best_n >= 3 else "lex2"), "lexical", lex, [L - best_n, L]
+            source = "lex3" if best_n >= 3 else "lex2"
+            hist = self._rival(tokens, length, round_index, source, best_n, lex)
+            if hist is not None:
+                return "hist", "history", [hist] + lex, [L - int(hist.ngram), L]
+            return source, "lexical", lex, [L - best_n, L]
         top_k = max(1, self.max_branches)
         sem: list[Candidate] = []
         if best_n == 1 and self.windex is not None and self._usable("sem", round_index):
@@ -325,6 +330,23 @@ class AdaPLDDrafter(Drafter):
             if sem:
                 return "semfree", "semantic", sem, [L - self.window, L]
         return "", "none", [], None
+
+    def _rival(self, tokens: Sequence[int], length: int, round_index: int, source: str,
+               best_n: int, lex: list[Candidate]) -> Candidate | None:
+        """The history store's chain when it should go before a lexical match: its context is
+        longer than the match (a three-token context against a 2-gram), it disagrees on the
+        next token, and its share of that context in the target's own replies is above the
+        lexical source's first-token acceptance in this run -- the more probable first token
+        goes first. E.g. a reply that opens a code fence after a prompt whose only fence
+        closed one: the prompt says "\n\n", the target's replies say "python". None
+        otherwise (the lexical match stands)."""
+        if not self.arbitrate or not lex or not lex[0].tokens:
+            return None
+        hist = self._history_candidate(tokens, length, round_index)
+        if hist is None or int(hist.ngram) <= best_n or hist.tokens[0] == lex[0].tokens[0]:
+            return None
+        st = self.source_stats(stats_key(source, lex), round_index)
+        return hist if hist.score > st.a1 else None
 
     def _history_candidate(self, tokens: Sequence[int], length: int, round_index: int
                            ) -> Candidate | None:

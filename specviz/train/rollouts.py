@@ -414,11 +414,16 @@ def make_rollouts(target, items: list, out: str | Path, max_new_tokens: int = 25
 
 
 def load_items(data: Iterable[str], limit: int | None = None):
-    """``--data FILE[:N]`` entries -> PromptItems via :func:`specviz.bench.load_prompts`."""
+    """``--data FILE[:N]`` entries -> PromptItems via :func:`specviz.bench.load_prompts`;
+    ``edit:MBPP_FILE[:N[:START]]`` -> the code-editing prompts of :mod:`specviz.editset`."""
     from ..bench import load_prompts
+    from ..editset import load_edit_spec
 
     items = []
     for d in data:
+        if str(d).startswith("edit:"):
+            items += load_edit_spec(str(d))
+            continue
         lim = limit
         head, _, tail = str(d).rpartition(":")
         if head and tail.isdigit():
