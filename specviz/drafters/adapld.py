@@ -58,11 +58,13 @@ what followed it, as a chain or as a token tree of several hypotheses:
 
 6. **History store** (``history="auto"``; beyond the paper, in the spirit of REST): when
    prompt lookup has nothing to copy (no match of two or more tokens and no aligned semantic
-   window), the chain the target most often wrote next after the context's last 1-2 tokens in
+   window), the chain the target most often wrote next after the context's last 1-3 tokens in
    its own earlier greedy replies (:mod:`.history_store`; a store is counted from cached
    rollouts by ``python -m specviz train store`` and bundled for the embedded model). Source
    ``hist`` (weak-evidence prior, so on a steep verify-cost curve it waits for probes); the
-   single-token lexical matches become alternative branches.
+   single-token lexical matches become alternative branches. A store entry with three tokens
+   of context also goes before a 2-gram lexical match that disagrees with it, when its share
+   beats that match's first-token record in the run (``_rival``).
 
 Under width-invariant numerics (:mod:`specviz.numerics`, forwards padded to ``min_width``
 tokens) the verify-cost model knows that a draft of up to ``min_width - 1`` tokens costs what a
@@ -350,7 +352,7 @@ class AdaPLDDrafter(Drafter):
 
     def _history_candidate(self, tokens: Sequence[int], length: int, round_index: int
                            ) -> Candidate | None:
-        """The history store's chain for the context's last 1-2 tokens (None: no store, no
+        """The history store's chain for the context's last 1-3 tokens (None: no store, no
         entry, or the source is paused)."""
         if self.store is None or not self._usable("hist", round_index):
             return None

@@ -1,5 +1,5 @@
 """The target's own greedy history as a datastore (an AdaPLD source beyond the paper, in the spirit
-of REST, He et al. 2024, "retrieval-based speculative decoding"): for the one or two tokens that
+of REST, He et al. 2024, "retrieval-based speculative decoding"): for the one to three tokens that
 end the context, the token the target most often produced next in its own earlier greedy replies.
 
 Why: prompt lookup has nothing to copy when the last token never occurred in prompt + output
