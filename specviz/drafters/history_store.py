@@ -13,10 +13,11 @@ rollouts, :func:`build`): ``bigram[x] = (y, share)``, ``trigram[(w, x)] = (y, sh
 ``fourgram[(u, w, x)] = (y, share)`` with y the most frequent successor and ``share`` its
 fraction of that context's occurrences (a three-token context is kept only when it occurred at
 least ``min_count4`` times: a context seen once says "share 1.0" on no evidence). A lookup
-prefers the longest context (backing off to shorter ones), and a chain continues on its own predictions
-(:meth:`HistoryStore.chain`) until a context is unknown or an EOS would follow. Deterministic,
-no model, no training: counting. Stores are tied to one tokenizer (``meta``: model, vocab size);
-``auto`` in AdaPLD uses the bundled store of the loaded target when one exists.
+prefers the longest context (backing off to shorter ones), and a chain continues on its own
+predictions (:meth:`HistoryStore.chain`) until a context is unknown or an EOS would follow.
+Deterministic, no model, no training: counting. Stores are tied to one tokenizer (``meta``:
+model, vocab size); ``auto`` in AdaPLD uses the bundled store of the loaded target when one
+exists.
 """
 from __future__ import annotations
 
