@@ -108,6 +108,7 @@ from .base import Draft, DraftContext, Drafter, VerifyFeedback
 from .history_store import resolve_store
 from .lookup import Candidate, NgramIndex, lexical_candidates
 from .registry import MethodSpec
+from .openings import with_copy
 from .semantic_lookup import (WindowIndex, minilm_embed_fn, semantic_candidates,
                               target_embed_fn)
 
@@ -185,6 +186,7 @@ class AdaPLDDrafter(Drafter):
         self.store = None
         self.first_branch_only = False
         self.arbitrate = True   # a longer store context may go before a 2-gram match (_rival)
+        self.open_replies = True  # the first round drafts the store's reply opening (_opening)
         self.record: dict[str, tuple] = {}
         self.eos_token_ids = set(eos_token_ids or ())
         self.fallback_reason: str | None = None
@@ -371,6 +373,10 @@ class AdaPLDDrafter(Drafter):
         if depth_cap <= 0:
             self.index.sync(tokens)
             return Draft(extras=self._extras("none", "", [], None))
+        if len(tokens) == ctx.prompt_len:   # the reply's first round: how such replies open
+            opening = self._opening(tokens, depth_cap)
+            if opening is not None:
+                return opening
         follow = self._follow(ctx)
         if follow is not None:
             return follow
@@ -413,6 +419,25 @@ class AdaPLDDrafter(Drafter):
             return SourceStats().best_length(min(depth_cap, PROBE_MAX), self.cost_model)[0], \
                 True, 0
         return st.best_length(depth_cap, self.cost_model)[0], False, alts
+
+    def _opening(self, tokens: Sequence[int], depth_cap: int) -> Draft | None:
+        """The reply's opening as the target opened replies to the most similar earlier prompts
+        (the history store's :class:`~.openings.OpeningIndex`), continued by a copy from the
+        prompt where the opening leads into text the prompt quotes; None without a consensus."""
+        index = getattr(self.store, "openings", None)
+        if not self.open_replies or index is None or not self._usable("open", 0):
+            return None
+        chain, share = index.opening(tokens, depth_cap, self.eos_token_ids)
+        if not chain:
+            return None
+        draft, copy_from = with_copy(tokens, chain, depth_cap, self.eos_token_ids)
+        self._pending = _Pending("open", False, len(draft), copy_from=copy_from)
+        L = len(tokens)
+        cand = Candidate("history", draft, (L, L), float(share), ngram=0)
+        extras = self._extras("history", "open", [cand], None, n_branches=1,
+                              draft_len=len(draft), nodes=len(draft))
+        extras["opening"] = len(chain)
+        return Draft(tokens=draft, extras=extras)
 
     def _follow(self, ctx: DraftContext) -> Draft | None:
         """A long copy: the span that was right last round, continued -- or re-found near

@@ -30,6 +30,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..errors import SettingsError
+from .openings import OpeningIndex, build_openings
 
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "weights"
 #: the store committed for the embedded default target (built by ``specviz train store``)
@@ -44,6 +45,7 @@ class HistoryStore:
     trigram: dict[tuple[int, int], tuple[int, float]]
     meta: dict = field(default_factory=dict)
     fourgram: dict[tuple[int, int, int], tuple[int, float]] = field(default_factory=dict)
+    openings: OpeningIndex | None = None   # how the target opened replies to earlier prompts
 
     def __len__(self) -> int:
         return len(self.bigram) + len(self.trigram) + len(self.fourgram)
@@ -102,7 +104,8 @@ class HistoryStore:
             trigram_share=np.array([self.trigram[tuple(k)][1] for k in tk.tolist()], np.float16),
             fourgram_keys=fk,
             fourgram_next=np.array([self.fourgram[tuple(k)][0] for k in fk.tolist()], np.int32),
-            fourgram_share=np.array([self.fourgram[tuple(k)][1] for k in fk.tolist()], np.float16))
+            fourgram_share=np.array([self.fourgram[tuple(k)][1] for k in fk.tolist()], np.float16),
+            **(self.openings.arrays() if self.openings is not None else {}))
         return path
 
     @classmethod
@@ -122,10 +125,11 @@ class HistoryStore:
                 fourgram = {tuple(int(t) for t in k): (int(y), float(s)) for k, y, s in
                             zip(z["fourgram_keys"], z["fourgram_next"], z["fourgram_share"])} \
                     if "fourgram_keys" in z.files else {}   # stores saved before 4-grams
+                openings = OpeningIndex.from_arrays(z)
         except Exception as exc:  # zip/npz/json errors: a torn or foreign file
             raise SettingsError(f"history store {path} cannot be read ({type(exc).__name__}: "
                                 f"{exc}); rebuild it with `python -m specviz train store`") from exc
-        return cls(bigram, trigram, meta, fourgram)
+        return cls(bigram, trigram, meta, fourgram, openings)
 
 
 #: a three-token context must have occurred this often to enter the store
@@ -133,10 +137,11 @@ MIN_COUNT4 = 2
 
 
 def build(sequences: Iterable[Sequence[int]], meta: dict | None = None,
-          min_count4: int = MIN_COUNT4) -> HistoryStore:
+          min_count4: int = MIN_COUNT4, openings: OpeningIndex | None = None) -> HistoryStore:
     """Count a store from token sequences (each the target's greedy reply, preceded by the
     prompt's last tokens so the reply's first token has a context). ``min_count4 = 0``: no
-    three-token contexts (the store of bigrams and trigrams only)."""
+    three-token contexts (the store of bigrams and trigrams only). ``openings``: the reply
+    openings index carried along (:mod:`.openings`)."""
     big: dict[int, Counter] = defaultdict(Counter)
     tri: dict[tuple[int, int], Counter] = defaultdict(Counter)
     four: dict[tuple[int, int, int], Counter] = defaultdict(Counter)
@@ -162,29 +167,31 @@ def build(sequences: Iterable[Sequence[int]], meta: dict | None = None,
             out[k] = (int(y), n / sum(cnt.values()))
         return out
     return HistoryStore(top(big), top(tri), dict(meta or {}, tokens=tokens, min_count4=min_count4),
-                        top(four, max(1, min_count4)) if min_count4 > 0 else {})
+                        top(four, max(1, min_count4)) if min_count4 > 0 else {}, openings)
 
 
 def store_from_rollouts(folders: Sequence[str | Path], meta: dict | None = None,
-                        min_count4: int = MIN_COUNT4) -> HistoryStore:
+                        min_count4: int = MIN_COUNT4, openings: bool = True) -> HistoryStore:
     """A store from the replies of cached greedy rollout folders, each preceded by the prompt's
-    last two tokens (the chat template's end: what a reply starts with is counted too).
-    Prefill-labelled texts and sampled rollouts are skipped: their text is not the target's
-    greedy reply."""
+    last two tokens (the chat template's end: what a reply starts with is counted too), and the
+    index of how each reply opened (``openings``). Prefill-labelled texts and sampled rollouts
+    are skipped: their text is not the target's greedy reply."""
     from ..train.rollouts import RolloutSet
 
-    def replies():
-        for folder in folders:
-            rs = RolloutSet(folder)
-            if rs.temperature > 0:
+    pairs = []
+    for folder in folders:
+        rs = RolloutSet(folder)
+        if rs.temperature > 0:
+            continue
+        for i, row in enumerate(rs.rows):
+            if row.get("kind") == "prefill":
                 continue
-            for i, row in enumerate(rs.rows):
-                if row.get("kind") == "prefill":
-                    continue
-                toks = rs._shard(i).get_tensor(row["name"] + ".tokens").tolist()
-                p = int(row["prompt_len"])
-                yield toks[max(0, p - 2):]
-    return build(replies(), dict(meta or {}, sources=[str(f) for f in folders]), min_count4)
+            toks = rs._shard(i).get_tensor(row["name"] + ".tokens").tolist()
+            p = int(row["prompt_len"])
+            pairs.append((toks[:p], toks[p:]))
+    return build((prompt[-2:] + reply for prompt, reply in pairs),
+                 dict(meta or {}, sources=[str(f) for f in folders]), min_count4,
+                 build_openings(pairs) if openings else None)
 
 
 def bundled_store(target) -> HistoryStore | None:
