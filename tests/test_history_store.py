@@ -139,7 +139,8 @@ def test_semantic_and_history_matches_compete_on_their_record_in_the_run(monkeyp
     tokens = [5, 9, 4, 6, 7, 8, 3, 9]        # the last token (9) occurred: a 1-gram match
     source, kind, cands, _ = d.retrieve(tokens, 4)
     assert (source, kind) == ("sem", "semantic")
-    assert [c.kind for c in cands] == ["semantic", "history"] and cands[1].tokens == [50, 51]
+    assert [c.kind for c in cands] == ["semantic", "history", "lexical"]   # the 1-gram copy last
+    assert cands[1].tokens == [50, 51]
     d.stats["hist"] = SourceStats(9.0, 1.0, 5.0, 5.0)          # history has been right
     source, kind, cands, _ = d.retrieve(tokens, 4)
     assert (source, kind) == ("hist", "history") and cands[0].tokens == [50, 51]
@@ -169,3 +170,48 @@ def test_a_longer_store_context_goes_before_a_two_token_match_it_disagrees_with(
     d = AdaPLDDrafter(semantic="off", cost="flat")
     d.store, d.arbitrate = build([[5, 10, 11, 30, 31]] * 2), False
     assert d.retrieve(tokens, 4)[0] == "lex2"
+
+
+def test_sources_not_drafted_are_scored_on_the_committed_tokens_and_compete_on_record(
+        monkeypatch):
+    """Only a 1-token lexical match: semantic, history and the 1-gram copy all propose; the
+    best first-token record goes first. The others are scored on what the target wrote (a
+    censored prefix counts no failure), so a source that would have been right wins later."""
+    from specviz.drafters import adapld as mod
+    from specviz.drafters.adapld import AdaPLDDrafter
+    from specviz.drafters.base import DraftContext, VerifyFeedback
+    from specviz.drafters.lookup import Candidate
+    from specviz.trace import Round
+
+    sem = [Candidate("semantic", [40, 41], (0, 8), 0.95, similarity=0.95)]
+    monkeypatch.setattr(mod, "semantic_candidates", lambda *a, **k: list(sem))
+    d = AdaPLDDrafter(semantic="off", cost="flat", adaptive=False)
+    d.windex = object()
+    d.store = build([[7, 9, 50, 51]])
+    tokens = [5, 9, 4, 6, 7, 8, 3, 9]      # 9 occurred once: the 1-gram copy drafts 4 6 7 8 3
+    for i in range(4):                     # the target keeps writing what the 1-gram copy says
+        draft = d.propose(DraftContext(tokens=tokens, prompt_len=8, max_draft=4, round_index=i))
+        if i == 0:
+            assert draft.extras["source"] == "sem"          # ties: semantic first
+            assert {k for k, _ in d._shadow} == {"hist", "lex1"}
+        committed = [4] if draft.tokens[0] != 4 else [4, 6, 7]
+        rnd = Round(index=i, start=8, drafter="adapld", draft=list(draft.tokens),
+                    accepted=len(committed) - 1 if draft.tokens[0] == 4 else 0,
+                    committed=committed)
+        d.observe(VerifyFeedback(round=rnd, logits=None, hidden_states=None, kept_rows=None))
+    assert draft.extras["source"] == "lex1" and draft.tokens[:2] == [4, 6]
+    assert d.source_stats("lex1", 4).a1 > d.source_stats("sem", 4).a1
+    assert d.source_stats("hist", 4).a1 < 0.25
+    # censored: the 1-gram copy's first token was right and the target's text ends there, so
+    # no failure of its continuation is counted (f2 only decays)
+    from specviz.drafters.adapld_control import EMA_DECAY
+    lex1 = d.source_stats("lex1", 5)
+    f2 = lex1.f2
+    d._shadow = [("lex1", [4, 6, 7])]
+    d.observe(VerifyFeedback(round=Round(index=5, start=8, drafter="adapld", draft=[],
+                                         accepted=0, committed=[4]),
+                             logits=None, hidden_states=None, kept_rows=None))
+    assert lex1.f2 == pytest.approx(f2 * EMA_DECAY)
+    d.shadow = False                       # off: the old order (no lex1 while others propose)
+    d.stats.clear()
+    assert d.retrieve(tokens, 4)[0] == "sem"

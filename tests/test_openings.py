@@ -102,9 +102,13 @@ def test_adapld_drafts_the_opening_in_the_first_round_and_stays_lossless(tmp_pat
         first = tr.rounds[0]
         if first.extras.get("source") == "open":
             opened += 1
+            opened_trace = tr
             assert first.extras["opening"] >= 1 and len(first.draft) >= first.extras["opening"]
         assert all(r.extras.get("source") != "open" for r in tr.rounds[1:])
     assert opened >= 3
+    from specviz.viz.adapld import retrieval_table   # the AdaPLD page names the source
+    table = retrieval_table(opened_trace).set_index("source")
+    assert table.loc["open", "rounds"] == 1 and "opening" in table.loc["open", "what"]
 
 
 @pytest.mark.skipif(not MBPP.exists(), reason="../shared/data/mbpp.jsonl not present")

@@ -65,6 +65,12 @@ what followed it, as a chain or as a token tree of several hypotheses:
    single-token lexical matches become alternative branches. A store entry with three tokens
    of context also goes before a 2-gram lexical match that disagrees with it, when its share
    beats that match's first-token record in the run (``_rival``).
+7. **Reply openings** (with the history store; beyond the paper): in a reply's first round the
+   context ends with the chat template, the same for every prompt, so lookup has nothing to go
+   on. The store also indexes its earlier prompts (:mod:`.openings`: sparse tf-idf vectors);
+   the first round drafts the consensus opening of the 8 most similar ones (source ``open``,
+   e.g. "```python\n" for an editing request) and, where the opening leads into text the prompt
+   quotes, continues it by a copy of that text (:func:`.openings.with_copy`).
 
 Under width-invariant numerics (:mod:`specviz.numerics`, forwards padded to ``min_width``
 tokens) the verify-cost model knows that a draft of up to ``min_width - 1`` tokens costs what a
@@ -86,7 +92,8 @@ Ablations (``ablation=``, bench names in brackets): ``"lexical"`` — lexical on
 
 Where each idea lives: lexical retrieval (n-gram index, candidates) in :mod:`.lookup`, semantic
 retrieval (window index, embedders) in :mod:`.semantic_lookup`, branched hypotheses in
-:mod:`.adapld_branches`, the history store in :mod:`.history_store`, the adaptive control and
+:mod:`.adapld_branches`, the history store in :mod:`.history_store` (reply openings in
+:mod:`.openings`), the adaptive control and
 long copies in :mod:`.adapld_control`, the settings table in :mod:`.adapld_params`; this module
 is the drafter that ties them together (retrieve -> plan -> hypotheses -> tree; observe).
 
@@ -187,6 +194,7 @@ class AdaPLDDrafter(Drafter):
         self.first_branch_only = False
         self.arbitrate = True   # a longer store context may go before a 2-gram match (_rival)
         self.open_replies = True  # the first round drafts the store's reply opening (_opening)
+        self.shadow = True   # 1-token sources compete on records kept on every round (retrieve)
         self.record: dict[str, tuple] = {}
         self.eos_token_ids = set(eos_token_ids or ())
         self.fallback_reason: str | None = None
@@ -204,6 +212,7 @@ class AdaPLDDrafter(Drafter):
         self.stats: dict[str, SourceStats] = {}
         self.alt_gain = ALT_GAIN_PRIOR      # expected extra tokens per alternative branch
         self._pending: _Pending | None = None
+        self._shadow: list[tuple[str, list[int]]] = []   # (source key, tokens) not drafted
         self.follower = CopyFollower(self.max_copy)
 
     def begin(self, target, prompt_ids, prefill_hidden=None):
@@ -321,13 +330,26 @@ class AdaPLDDrafter(Drafter):
             sem = semantic_candidates(self.windex, tokens, length, top_k, self.sim_threshold,
                                       eos, aligned=True, index=self.index)
         hist = self._history_candidate(tokens, length, round_index)
-        if sem and (hist is None or self.source_stats("sem", round_index).a1
-                    >= self.source_stats("hist", round_index).a1):
-            return "sem", "semantic", sem + ([hist] if hist else []), [L - self.window, L]
-        if hist is not None:
-            return "hist", "history", [hist] + sem + lex, [L - int(hist.ngram), L]
-        if best_n == 1:
-            return "lex1", "lexical", lex, [L - 1, L]
+        opts = [o for o in (("sem", "semantic", sem, [L - self.window, L]),
+                            ("hist", "history", [hist] if hist else [], [L - 1, L]),
+                            ("lex1", "lexical", lex if best_n == 1 else [], [L - 1, L]))
+                if o[2] and (o[0] != "lex1" or self.shadow or not (sem or hist))]
+        if opts:
+            # the best first-token record in this run goes first (ties: this order), the others
+            # become alternatives and are scored on the round's committed tokens (observe)
+            best = max(opts, key=lambda o: self.source_stats(stats_key(o[0], o[2]),
+                                                             round_index).a1)
+            rest = [o for o in opts if o is not best]
+            if self.shadow:
+                self._shadow = [(stats_key(o[0], o[2]), list(o[2][0].tokens)) for o in rest]
+            source, kind, cands, suffix = best
+            if source == "hist":
+                suffix = [L - int(hist.ngram), L]
+            alts = [c for o in rest for c in o[2]]
+            if source == "hist" and len(opts) == len(rest) + 1 and not any(
+                    o[0] == "lex1" for o in opts):
+                alts += lex
+            return source, kind, cands + alts, suffix
         if self.windex is not None and self._usable("semfree", round_index):
             sem = semantic_candidates(self.windex, tokens, length, top_k, self.free_threshold,
                                       eos, aligned=False)
@@ -370,6 +392,7 @@ class AdaPLDDrafter(Drafter):
         tokens = ctx.tokens
         depth_cap = min(self.max_draft, int(ctx.max_draft))
         self._pending = None
+        self._shadow = []
         if depth_cap <= 0:
             self.index.sync(tokens)
             return Draft(extras=self._extras("none", "", [], None))
@@ -498,6 +521,13 @@ class AdaPLDDrafter(Drafter):
     def observe(self, feedback: VerifyFeedback) -> None:
         pend, self._pending = self._pending, None
         rnd = feedback.round
+        shadow, self._shadow = self._shadow, []
+        for key, toks in shadow:   # the sources not drafted, scored on what the target wrote
+            m = 0
+            while m < min(len(toks), len(rnd.committed)) and toks[m] == rnd.committed[m]:
+                m += 1
+            # m == len(committed): what followed is unknown (censored), so no failure counted
+            self.source_stats(key, rnd.index).update(m, m >= min(len(toks), len(rnd.committed)))
         if pend is None or not rnd.draft:
             return
         a = int(rnd.accepted)

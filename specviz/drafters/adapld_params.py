@@ -37,7 +37,8 @@ PARAMS = params_by_name(
                    "embeddings, free), minilm (needs the MiniLM package) or off."),
     ParamSpec("history", str, DEFAULT_HISTORY, label="History store",
               help="When prompt lookup finds nothing to copy: draft what the target most often "
-                   "wrote next after the last 1-3 tokens in its own earlier greedy replies "
+                   "wrote next after the last 1-3 tokens in its own earlier greedy replies, and "
+                   "in a reply's first round how it opened replies to similar prompts "
                    "(auto = the store bundled for the loaded model, if any; off; or the path "
                    "of a store made with `python -m specviz train store`)."),
     ParamSpec("window", int, 8, range=(2, 64), label="Semantic window",

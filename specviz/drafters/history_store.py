@@ -15,6 +15,8 @@ fraction of that context's occurrences (a three-token context is kept only when 
 least ``min_count4`` times: a context seen once says "share 1.0" on no evidence). A lookup
 prefers the longest context (backing off to shorter ones), and a chain continues on its own
 predictions (:meth:`HistoryStore.chain`) until a context is unknown or an EOS would follow.
+A store built from rollouts also carries the reply openings index (:mod:`.openings`: how the
+target began its replies to similar prompts; AdaPLD's first round).
 Deterministic, no model, no training: counting. Stores are tied to one tokenizer (``meta``:
 model, vocab size); ``auto`` in AdaPLD uses the bundled store of the loaded target when one
 exists.

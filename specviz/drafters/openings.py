@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -46,9 +47,13 @@ class OpeningIndex:
         return int(self.ids.shape[0])
 
     # ------------------------------------------------------------------ query
+    @cached_property
+    def _idf_map(self) -> dict[int, float]:
+        return dict(zip(self.idf_ids.tolist(), self.idf.tolist()))
+
     def vector(self, prompt: Sequence[int]) -> dict[int, float]:
         """The prompt's sparse tf-idf vector (an unseen token gets the largest idf)."""
-        known = dict(zip(self.idf_ids.tolist(), self.idf.tolist()))
+        known = self._idf_map
         unseen = math.log(self.n_prompts + 1) + 1.0
         return _tfidf(Counter(int(t) for t in prompt), lambda t: known.get(t, unseen))
 

@@ -65,7 +65,9 @@ RETRIEVAL_COLORS = {"lexical": "#2563eb", "semantic": "#9333ea", "history": "#0d
 SOURCE_LABELS = {"lex1": "lexical, 1-gram", "lex2": "lexical, 2-gram",
                  "lex3": "lexical, n >= 3", "sem": "semantic, aligned on the last token",
                  "semfree": "semantic, free: no shared token",
-                 "hist": "history store: the target's most frequent next token"}
+                 "hist": "history store: the target's most frequent next token",
+                 "open": "reply opening: how the target began replies to similar prompts",
+                 "copy": "long copy: the span that was right last round, continued"}
 _RGB = {"lexical": (37, 99, 235), "semantic": (147, 51, 234)}
 _FONT = dict(family="Inter, system-ui, sans-serif", size=12, color="#1e293b")
 
@@ -500,7 +502,7 @@ def retrieval_table(trace: Trace) -> pd.DataFrame:
     """Per retrieval source (lex1, lex2, lex3, sem, semfree, none, off): rounds, drafted and
     accepted tokens, how often the first drafted token was accepted, tree rounds, tau."""
     rows: dict[str, dict[str, Any]] = {}
-    order = ["lex3", "lex2", "lex1", "sem", "semfree", "hist", "none", "off"]
+    order = ["open", "copy", "lex3", "lex2", "lex1", "sem", "semfree", "hist", "none", "off"]
     for r in trace.rounds:
         kind = retrieval_kind(r)
         src = (r.extras or {}).get("source") if kind in ("lexical", "semantic", "history") \

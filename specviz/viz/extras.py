@@ -15,7 +15,8 @@ from ..trace import Round
 SOURCE_WORDS = {"lex1": "1-token match", "lex2": "2-token match", "lex3": "match of 3+ tokens",
                 "sem": "similar window (semantic)", "semfree": "similar window, no shared token",
                 "copy": "continuing the copy that was right last round",
-                "hist": "what the target most often wrote next in its own earlier replies"}
+                "hist": "what the target most often wrote next in its own earlier replies",
+                "open": "how the target opened its replies to the most similar earlier prompts"}
 
 
 def _value(v: Any) -> str:
