@@ -126,7 +126,7 @@ def test_semantic_and_history_matches_compete_on_their_record_in_the_run(monkeyp
     """Both propose: the source with the better first-token acceptance so far goes first, the
     other becomes an alternative branch (semantic first on a tie: both start from the same
     sceptical prior)."""
-    from specviz.drafters import adapld as mod
+    from specviz.drafters import semantic_lookup as mod
     from specviz.drafters.adapld import AdaPLDDrafter
     from specviz.drafters.adapld_control import SourceStats
     from specviz.drafters.lookup import Candidate
@@ -177,7 +177,7 @@ def test_sources_not_drafted_are_scored_on_the_committed_tokens_and_compete_on_r
     """Only a 1-token lexical match: semantic, history and the 1-gram copy all propose; the
     best first-token record goes first. The others are scored on what the target wrote (a
     censored prefix counts no failure), so a source that would have been right wins later."""
-    from specviz.drafters import adapld as mod
+    from specviz.drafters import semantic_lookup as mod
     from specviz.drafters.adapld import AdaPLDDrafter
     from specviz.drafters.base import DraftContext, VerifyFeedback
     from specviz.drafters.lookup import Candidate

@@ -62,9 +62,12 @@ what followed it, as a chain or as a token tree of several hypotheses:
    its own earlier greedy replies (:mod:`.history_store`; a store is counted from cached
    rollouts by ``python -m specviz train store`` and bundled for the embedded model). Source
    ``hist`` (weak-evidence prior, so on a steep verify-cost curve it waits for probes); the
-   single-token lexical matches become alternative branches. A store entry with three tokens
-   of context also goes before a 2-gram lexical match that disagrees with it, when its share
-   beats that match's first-token record in the run (``_rival``).
+   single-token lexical matches become alternative branches. Sources that go on one token of
+   context (semantic, history, the 1-gram copy) compete on their first-token record, which
+   each keeps on every round it proposed, drafted or not (:meth:`AdaPLDDrafter.retrieve`).
+   A store entry with three tokens of context also goes before a 2-gram lexical match that
+   disagrees with it, when its share beats that match's first-token record in the run
+   (``_rival``).
 7. **Reply openings** (with the history store; beyond the paper): in a reply's first round the
    context ends with the chat template, the same for every prompt, so lookup has nothing to go
    on. The store also indexes its earlier prompts (:mod:`.openings`: sparse tf-idf vectors);
@@ -111,6 +114,7 @@ from .adapld_branches import hypotheses, tree_of
 from .adapld_control import (EMA_DECAY, WEAK, WEAK_PRIOR, CopyFollower, SourceStats,
                              experience, harmonic, inherited, probe_gaps, remember, stats_key)
 from .adapld_params import ABLATIONS, DEFAULT_SIM_THRESHOLD, PARAMS
+from .adapld_retrieve import SourceArbitration
 from .base import Draft, DraftContext, Drafter, VerifyFeedback
 from .history_store import resolve_store
 from .lookup import Candidate, NgramIndex, lexical_candidates
@@ -145,7 +149,7 @@ class _Pending:
 
 
 # ---------------------------------------------------------------------------- the drafter
-class AdaPLDDrafter(Drafter):
+class AdaPLDDrafter(SourceArbitration, Drafter):
     """Adaptive prompt lookup: lexical + semantic retrieval, token trees, adaptive control."""
 
     name = "adapld"
@@ -301,91 +305,6 @@ class AdaPLDDrafter(Drafter):
     def _paused(st: SourceStats, round_index: int) -> bool:
         """Switched off and not yet due for a probe."""
         return not st.due(round_index)
-
-    def retrieve(self, tokens: Sequence[int], length: int, round_index: int = 0
-                 ) -> tuple[str, str, list[Candidate], list[int] | None]:
-        """(source key, retrieval kind, ranked candidates, suffix span) for the current context.
-
-        Order: a lexical match of >= 2 tokens; else (semantic on) windows similar to the
-        suffix that end with the same last token, and (a history store loaded) what the target
-        most often wrote next in its own replies -- when both propose, the one with the better
-        record in this run (first-token acceptance a1; the semantic match on a tie) goes first
-        and the other becomes an alternative branch; else a single-token lexical match; else
-        (semantic on) any window above the higher unaligned threshold. A source that the
-        adaptive control switched off is skipped (the semantic embeddings are caught up
-        later)."""
-        self.index.sync(tokens)
-        L = len(tokens)
-        eos = self.eos_token_ids
-        best_n, lex = lexical_candidates(self.index, length, eos, self.max_ngram, self.min_ngram)
-        if best_n >= 2:
-            source = "lex3" if best_n >= 3 else "lex2"
-            hist = self._rival(tokens, length, round_index, source, best_n, lex)
-            if hist is not None:
-                return "hist", "history", [hist] + lex, [L - int(hist.ngram), L]
-            return source, "lexical", lex, [L - best_n, L]
-        top_k = max(1, self.max_branches)
-        sem: list[Candidate] = []
-        if best_n == 1 and self.windex is not None and self._usable("sem", round_index):
-            sem = semantic_candidates(self.windex, tokens, length, top_k, self.sim_threshold,
-                                      eos, aligned=True, index=self.index)
-        hist = self._history_candidate(tokens, length, round_index)
-        opts = [o for o in (("sem", "semantic", sem, [L - self.window, L]),
-                            ("hist", "history", [hist] if hist else [], [L - 1, L]),
-                            ("lex1", "lexical", lex if best_n == 1 else [], [L - 1, L]))
-                if o[2] and (o[0] != "lex1" or self.shadow or not (sem or hist))]
-        if opts:
-            # the best first-token record in this run goes first (ties: this order), the others
-            # become alternatives and are scored on the round's committed tokens (observe)
-            best = max(opts, key=lambda o: self.source_stats(stats_key(o[0], o[2]),
-                                                             round_index).a1)
-            rest = [o for o in opts if o is not best]
-            if self.shadow:
-                self._shadow = [(stats_key(o[0], o[2]), list(o[2][0].tokens)) for o in rest]
-            source, kind, cands, suffix = best
-            if source == "hist":
-                suffix = [L - int(hist.ngram), L]
-            alts = [c for o in rest for c in o[2]]
-            if source == "hist" and len(opts) == len(rest) + 1 and not any(
-                    o[0] == "lex1" for o in opts):
-                alts += lex
-            return source, kind, cands + alts, suffix
-        if self.windex is not None and self._usable("semfree", round_index):
-            sem = semantic_candidates(self.windex, tokens, length, top_k, self.free_threshold,
-                                      eos, aligned=False)
-            if sem:
-                return "semfree", "semantic", sem, [L - self.window, L]
-        return "", "none", [], None
-
-    def _rival(self, tokens: Sequence[int], length: int, round_index: int, source: str,
-               best_n: int, lex: list[Candidate]) -> Candidate | None:
-        """The history store's chain when it should go before a lexical match: its context is
-        longer than the match (a three-token context against a 2-gram), it disagrees on the
-        next token, and its share of that context in the target's own replies is above the
-        lexical source's first-token acceptance in this run -- the more probable first token
-        goes first. E.g. a reply that opens a code fence after a prompt whose only fence
-        closed one: the prompt says "\n\n", the target's replies say "python". None
-        otherwise (the lexical match stands)."""
-        if not self.arbitrate or not lex or not lex[0].tokens:
-            return None
-        hist = self._history_candidate(tokens, length, round_index)
-        if hist is None or int(hist.ngram) <= best_n or hist.tokens[0] == lex[0].tokens[0]:
-            return None
-        st = self.source_stats(stats_key(source, lex), round_index)
-        return hist if hist.score > st.a1 else None
-
-    def _history_candidate(self, tokens: Sequence[int], length: int, round_index: int
-                           ) -> Candidate | None:
-        """The history store's chain for the context's last 1-3 tokens (None: no store, no
-        entry, or the source is paused)."""
-        if self.store is None or not self._usable("hist", round_index):
-            return None
-        chain, n = self.store.chain(tokens, length, self.eos_token_ids)
-        if not chain:
-            return None
-        share = self.store.next_token(*self.store.context(tokens))[1]
-        L = len(tokens)
-        return Candidate("history", chain, (L - n, L), float(share), ngram=n)
 
     # ------------------------------------------------------------------ propose
     def propose(self, ctx: DraftContext) -> Draft:
