@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from specviz.drafters.history_store import BUNDLED, BUNDLED_DIR, HistoryStore, build
+from specviz.drafters.lookup import NgramIndex
 from specviz.drafters.openings import build_openings, with_copy
 from specviz.engine import DecodeSettings, generate
 
@@ -44,7 +45,8 @@ def test_similar_prompts_vote_an_opening_and_the_chain_stops_where_they_disagree
 
 
 def test_with_copy_continues_the_opening_into_the_text_the_prompt_quotes():
-    ctx = [7, 8, 5, 6, 7, 10, 11, 12, 13, 9, 9]
+    ctx = NgramIndex(1, 4)
+    ctx.sync([7, 8, 5, 6, 7, 10, 11, 12, 13, 9, 9])
     # the whole chain occurs in the prompt: copy on from there; the draft is a copy from 2
     assert with_copy(ctx, [5, 6, 7], 6) == ([5, 6, 7, 10, 11, 12], 2)
     # the chain's last token is wrong (the quoted text starts with 10): back off to [5, 6, 7]

@@ -372,7 +372,8 @@ class AdaPLDDrafter(SourceArbitration, Drafter):
         chain, share = index.opening(tokens, depth_cap, self.eos_token_ids)
         if not chain:
             return None
-        draft, copy_from = with_copy(tokens, chain, depth_cap, self.eos_token_ids)
+        self.index.sync(tokens)
+        draft, copy_from = with_copy(self.index, chain, depth_cap, self.eos_token_ids)
         self._pending = _Pending("open", False, len(draft), copy_from=copy_from)
         L = len(tokens)
         cand = Candidate("history", draft, (L, L), float(share), ngram=0)

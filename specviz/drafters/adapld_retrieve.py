@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from . import semantic_lookup
 from .adapld_control import stats_key
 from .lookup import Candidate, lexical_candidates
-from . import semantic_lookup
 
 
 class SourceArbitration:
@@ -48,13 +48,15 @@ class SourceArbitration:
         top_k = max(1, self.max_branches)
         sem: list[Candidate] = []
         if best_n == 1 and self.windex is not None and self._usable("sem", round_index):
-            sem = semantic_lookup.semantic_candidates(self.windex, tokens, length, top_k, self.sim_threshold,
-                                      eos, aligned=True, index=self.index)
+            sem = semantic_lookup.semantic_candidates(
+                self.windex, tokens, length, top_k, self.sim_threshold, eos, aligned=True,
+                index=self.index)
         hist = self._history_candidate(tokens, length, round_index)
+        lex1 = lex if best_n == 1 and (self.shadow or not (sem or hist)) else []
         opts = [o for o in (("sem", "semantic", sem, [L - self.window, L]),
-                            ("hist", "history", [hist] if hist else [], [L - 1, L]),
-                            ("lex1", "lexical", lex if best_n == 1 else [], [L - 1, L]))
-                if o[2] and (o[0] != "lex1" or self.shadow or not (sem or hist))]
+                            ("hist", "history", [hist] if hist else [],
+                             [L - int(hist.ngram), L] if hist else None),
+                            ("lex1", "lexical", lex1, [L - 1, L])) if o[2]]
         if opts:
             # the best first-token record in this run goes first (ties: this order), the others
             # become alternatives and are scored on the round's committed tokens (observe)
@@ -64,16 +66,13 @@ class SourceArbitration:
             if self.shadow:
                 self._shadow = [(stats_key(o[0], o[2]), list(o[2][0].tokens)) for o in rest]
             source, kind, cands, suffix = best
-            if source == "hist":
-                suffix = [L - int(hist.ngram), L]
             alts = [c for o in rest for c in o[2]]
-            if source == "hist" and len(opts) == len(rest) + 1 and not any(
-                    o[0] == "lex1" for o in opts):
+            if source == "hist" and not lex1:   # shadow off: the 1-gram copies stay alternatives
                 alts += lex
             return source, kind, cands + alts, suffix
         if self.windex is not None and self._usable("semfree", round_index):
-            sem = semantic_lookup.semantic_candidates(self.windex, tokens, length, top_k, self.free_threshold,
-                                      eos, aligned=False)
+            sem = semantic_lookup.semantic_candidates(
+                self.windex, tokens, length, top_k, self.free_threshold, eos, aligned=False)
             if sem:
                 return "semfree", "semantic", sem, [L - self.window, L]
         return "", "none", [], None

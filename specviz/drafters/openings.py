@@ -26,6 +26,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from .lookup import NgramIndex
+
 TOP_K = 48          # distinct tokens kept per prompt vector
 LENGTH = 12         # reply tokens kept per prompt
 NEIGHBOURS = 8      # earlier prompts that vote on an opening
@@ -146,24 +148,23 @@ def build_openings(pairs: Iterable[tuple[Sequence[int], Sequence[int]]],
                         np.array([idf[t] for t in keys], dtype=np.float32), n)
 
 
-def with_copy(context: Sequence[int], chain: Sequence[int], length: int, eos=frozenset()
+def with_copy(index: NgramIndex, chain: Sequence[int], length: int, eos=frozenset()
               ) -> tuple[list[int], int | None]:
-    """The opening ``chain`` continued by a copy from ``context`` (the prompt), up to ``length``
-    tokens: the longest prefix chain[:j] whose last min(j, 3) >= 2 tokens occur in the context
-    (the latest occurrence) is followed by what came after them there -- "```python\\n" opens
-    the code the prompt quoted. Returns (draft, copy_from): ``copy_from`` is where the draft's
-    first token stands in the context when the whole draft is a copy (else None). No such
-    prefix: (the chain, None)."""
+    """The opening ``chain`` continued by a copy from the context ``index`` holds (the prompt;
+    AdaPLD's n-gram index, :class:`~.lookup.NgramIndex`), up to ``length`` tokens: the longest
+    prefix chain[:j] whose last min(j, 3) >= 2 tokens occur in the context (the latest
+    occurrence; n-grams longer than the index's ``max_n`` are not looked up) is followed by what
+    came after them there -- "```python\\n" opens the code the prompt quoted. Returns (draft,
+    copy_from): ``copy_from`` is where the draft's first token stands in the context when the
+    whole draft is a copy (else None). No such prefix: (the chain, None)."""
     chain = [int(t) for t in chain][:length]
-    ctx = [int(t) for t in context]
+    ctx = index.tokens
     for j in range(len(chain), 1, -1):
         n = min(j, 3)
-        s = chain[j - n:j]
-        for q in range(len(ctx), n - 1, -1):
-            if ctx[q - n:q] == s:
-                break
-        else:
+        ends = index.grams.get(tuple(chain[j - n:j])) if n <= index.max_n else None
+        if not ends:
             continue
+        q = ends[-1]
         cont = []
         for t in ctx[q:q + length - j]:
             if t in eos:
