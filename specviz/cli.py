@@ -199,19 +199,23 @@ def cmd_train_rollouts(args) -> int:
 
 def cmd_train_prefill(args) -> int:
     from .models import load_target
-    from .train.prefill import load_pairs, make_prefill_set
+    from .train.prefill import load_pairs, make_prefill_set, rollout_texts
     from .train.rollouts import STORE_DTYPES, load_items, parse_layers, prompt_key
 
     if args.dtype not in STORE_DTYPES:
         raise SpecvizError(f"--dtype must be one of {', '.join(STORE_DTYPES)}")
+    if not args.data and not args.rollouts:
+        raise SpecvizError("give --data (texts with reference replies) or --rollouts (greedy "
+                           "rollouts to re-tap)")
     pairs = [pr for d in args.data for pr in load_pairs(d, args.limit)]
+    pairs += [tt for d in args.rollouts for tt in rollout_texts(d)]
     if args.exclude:  # the bench prompts: never trained on
         held = {prompt_key(it) for it in load_items(args.exclude)}
         n0 = len(pairs)
         pairs = [pr for pr in pairs if pr.key not in held]
         print(f"--exclude: left out {n0 - len(pairs)} texts")
     if not pairs:
-        raise SpecvizError("no (prompt, reference reply) pairs selected")
+        raise SpecvizError("no texts selected (every one excluded or without a reference reply)")
     target = load_target(args.model, device=args.device, dtype="float32")
     tc = getattr(target.model.config, "text_config", None) or target.model.config
     layers = parse_layers(args.layers, int(tc.num_hidden_layers), k=args.num_features)
@@ -512,9 +516,12 @@ def _add_train_prefill(tsub) -> None:
                         "reference texts (fast training data)")
     p.add_argument("--model", default="default")
     p.add_argument("--device", default=None)
-    p.add_argument("--data", action="append", required=True,
+    p.add_argument("--data", action="append", default=[],
                    help="GSM8K / MBPP / Alpaca / Spec-Bench jsonl with reference replies; FILE:N "
                    "keeps the first N prompts per category; repeatable")
+    p.add_argument("--rollouts", action="append", default=[],
+                   help="a greedy rollouts folder to re-tap at these layers (its token ids as "
+                   "stored, e.g. the history store's one-layer rollouts); repeatable")
     p.add_argument("--limit", type=int, default=None, help="first N prompts per category")
     p.add_argument("--exclude", action="append", default=[],
                    help="FILE[:N] prompts to leave out (e.g. the bench's), repeatable")

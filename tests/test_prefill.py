@@ -111,6 +111,43 @@ def test_prefill_store_and_training(tmp_path):
     assert sum(losses[-5:]) < 0.8 * sum(losses[:5])
 
 
+def test_retap_greedy_rollouts_at_other_layers(tmp_path):
+    """Rollouts stored with one tapped layer (the history store's) are re-tapped at others: token
+    ids as stored, features equal the generating pass's at those layers, every slot labelled
+    and the labels equal the rollout's own (the text is the greedy path)."""
+    from specviz.bench import PromptItem
+    from specviz.cli import main
+    from specviz.train.prefill import rollout_texts
+    from specviz.train.rollouts import make_rollouts
+
+    target = make_tiny_target(seed=2)
+    items = [PromptItem(f"e{i}", "c", f"t{i} t{i + 4} t9", "e") for i in range(4)]
+    make_rollouts(target, items, tmp_path / "one", max_new_tokens=12, layer_ids=[1], holdout=0,
+                  store_dtype="float32")
+    make_rollouts(target, items, tmp_path / "two", max_new_tokens=12, layer_ids=[0, 1],
+                  holdout=0, store_dtype="float32")
+    texts = rollout_texts(tmp_path / "one")
+    assert len(texts) == 4
+    make_prefill_set(target, texts, tmp_path / "re", layer_ids=[0, 1], store_dtype="float32")
+    re, two = RolloutSet(tmp_path / "re"), RolloutSet(tmp_path / "two")
+    by_key = {r["key"]: i for i, r in enumerate(two.rows)}
+    for i, row in enumerate(re.rows):
+        t, h, p = re.load(i)
+        t2, h2, p2 = two.load(by_key[row["key"]])
+        assert t.tolist() == t2.tolist() and p == p2 and row["stop"] == "rollout"
+        assert torch.allclose(h, h2, atol=1e-4)
+        a = torch.arange(p - 1, len(t) - 1)
+        lab, ok = exact_prefix_labels(t, re.greedy(i), a, 4)
+        lab2, ok2 = rollout_labels(t, a, 4)
+        # every slot the rollout labels is labelled the same (prefill also labels the target's
+        # next token after the stored text, exact too)
+        assert bool(ok[ok2].all()) and torch.equal(lab[ok2], lab2[ok2])
+        assert int((ok & ~ok2).sum()) <= 3
+    assert main(["train", "prefill", "--out", str(tmp_path / "x")]) != 0   # nothing to prefill
+    assert main(["train", "prefill", "--rollouts", str(tmp_path / "nope"),
+                 "--out", str(tmp_path / "x")]) != 0
+
+
 def test_prefill_errors(tmp_path):
     from specviz.errors import SpecvizError
     from specviz.cli import main

@@ -16,6 +16,11 @@ Stored in the rollouts layout (:mod:`specviz.train.rollouts`: ``meta.json``, saf
 ``manifest.jsonl``) plus ``{name}.greedy`` int32 [T] per sequence, so training, replay and
 ``RolloutSet`` read both kinds of folder. Manifest rows carry ``"kind": "prefill"``; their
 ``split`` is always "train" (the held-out tau is measured on greedy rollouts, where it is exact).
+
+Re-tapping (:func:`rollout_texts`): greedy rollouts stored with other tapped layers (e.g. the
+history store's, which keep one layer) are prefilled the same way, token ids as stored; where
+the stored reply is the target's greedy path every slot is labelled, and where it is not (a
+rollout made in another dtype) the exact-prefix rule still applies.
 """
 from __future__ import annotations
 
@@ -41,6 +46,15 @@ class TextPair:
     category: str
     prompt: str
     reply: str
+
+
+@dataclass
+class TokenText:
+    """A stored token sequence to prefill as it is (a greedy rollout being re-tapped)."""
+    key: str
+    category: str
+    ids: list[int]
+    prompt_len: int
 
 
 # --------------------------------------------------------------------------- the texts
@@ -80,6 +94,25 @@ def load_pairs(spec: str, limit: int | None = None) -> list[TextPair]:
         if reply:
             pairs.append(TextPair(prompt_key(item), item.category, item.text, reply))
     return pairs
+
+
+def rollout_texts(folder: str | Path) -> list[TokenText]:
+    """The sequences of a rollouts folder (every split) as :class:`TokenText` to re-tap."""
+    from safetensors import safe_open
+
+    folder, out = Path(folder), []
+    rows = read_manifest(folder)
+    if not rows:
+        raise SpecvizError(f"{folder} holds no rollouts (no manifest rows)")
+    for shard in dict.fromkeys(r["shard"] for r in rows):
+        path = folder / shard
+        if not path.is_file():
+            raise SpecvizError(f"rollout shard {path} is missing")
+        with safe_open(str(path), framework="pt") as f:
+            for r in (r for r in rows if r["shard"] == shard):
+                ids = [int(x) for x in f.get_tensor(r["name"] + ".tokens").tolist()]
+                out.append(TokenText(r["key"], r.get("category", ""), ids, int(r["prompt_len"])))
+    return out
 
 
 # --------------------------------------------------------------------------- the labels
@@ -142,15 +175,18 @@ def prefill_batch(target, seqs: list[list[int]], layer_ids: list[int],
             [greedy[i, :len(s)].contiguous() for i, s in enumerate(seqs)])
 
 
-def encode_pair(target, pair: TextPair) -> tuple[list[int], int]:
-    """(prompt + reply + end-of-turn ids, prompt length) with the chat template."""
+def encode_pair(target, pair: TextPair | TokenText) -> tuple[list[int], int]:
+    """(prompt + reply + end-of-turn ids, prompt length) with the chat template; a
+    :class:`TokenText` as stored."""
+    if isinstance(pair, TokenText):
+        return list(pair.ids), pair.prompt_len
     p = target.encode_prompt(pair.prompt)
     r = target.tokenizer(pair.reply, add_special_tokens=False)["input_ids"]
     eos = sorted(target.eos_token_ids)[:1] if target.eos_token_ids else []
     return p + [int(x) for x in r] + eos, len(p)
 
 
-def make_prefill_set(target, pairs: list[TextPair], out: str | Path, layer_ids=None,
+def make_prefill_set(target, pairs: list[TextPair | TokenText], out: str | Path, layer_ids=None,
                      batch_tokens: int = 4096, max_tokens: int = 768,
                      store_dtype: str = "float16", model_name: str | None = None,
                      show_bar: bool = False,
@@ -207,7 +243,8 @@ def make_prefill_set(target, pairs: list[TextPair], out: str | Path, layer_ids=N
             lines.append({"key": pr.key, "id": pr.key.split(":", 1)[-1], "category": pr.category,
                           "source": pr.key.split(":", 1)[0], "split": "train", "shard": shard,
                           "name": f"r{j}", "prompt_len": plen, "reply_len": len(ids) - plen,
-                          "stop": "text", "kind": "prefill", "greedy_agree": follows})
+                          "stop": "text" if isinstance(pr, TextPair) else "rollout",
+                          "kind": "prefill", "greedy_agree": follows})
             ntok += len(ids)
             nexact += len(ids) - plen
         save_file(tensors, str(out / shard), metadata={"format": "pt"})
