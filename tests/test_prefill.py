@@ -191,12 +191,15 @@ def test_training_continues_from_a_checkpoint(tmp_path):
                   max_new_tokens=8, layer_ids=[0, 1], holdout=0.9999)
     init = new_dflash_for_target(target, num_layers=1, block_size=4, seed=9,
                                  target_layer_ids=[0, 1])
+    init.draft_vocab = torch.tensor([1, 5, 63])     # words of earlier training data
     save_dflash_checkpoint(init, tmp_path / "init")
     cfg = TrainConfig(block_size=4, num_layers=1, steps=1, batch_size=1, anchors_per_seq=2,
                       eval_every=0, lr=1e-9, init=str(tmp_path / "init"))
     train_dflash(target, tmp_path / "ro", tmp_path / "d", cfg, prefill=[tmp_path / "pf"])
     got = load_dflash_checkpoint(tmp_path / "d")
     assert torch.allclose(got.fc.weight, init.fc.weight, atol=1e-6)
+    # the continued drafter keeps its earlier draft words and adds the new data's
+    assert {1, 5, 63} <= set(got.draft_vocab.tolist()) and got.draft_vocab.numel() > 3
     cfg2 = TrainConfig(block_size=6, num_layers=1, steps=1, batch_size=1, eval_every=0,
                        init=str(tmp_path / "init"))
     with pytest.raises(SpecvizError, match="block size 4"):

@@ -397,6 +397,9 @@ def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainCo
         sched.load_state_dict(st["scheduler"])
     weights = slot_weights(cfg.block_size, cfg.gamma)
     active = reply_vocab(train_set) if cfg.negatives >= 0 else None
+    prior = getattr(model, "draft_vocab", None)   # a continued drafter keeps the words it had
+    if active is not None and prior is not None:
+        active = torch.unique(torch.cat([active, prior.to(active)]))
     # the words the drafter is trained on become its draft vocabulary (saved with it, used at
     # inference and by the tau estimate); words outside it are never proposed
     model.draft_vocab = None if active is None else active.clone()
