@@ -10,7 +10,7 @@
 set -euo pipefail
 . .venv/bin/activate
 export OMP_WAIT_POLICY=PASSIVE
-# 1. re-tap the store's rollouts at layers 1, 8, 14, 20, 27 (one batched prefill each; ~20 min)
+# 1. re-tap the store's rollouts at layers 1, 8, 14, 20, 27 (one batched prefill each; ~16 min)
 python -m specviz train prefill --rollouts runs/store-gsm --rollouts runs/store-mbpp \
   --rollouts runs/store-alpaca --rollouts runs/store-edit --rollouts runs/store-sb \
   --out runs/retap --max-tokens 768
@@ -24,14 +24,14 @@ if [ ! -f $PREV/model.safetensors ]; then
 fi
 python -m specviz train dflash --rollouts runs/eval-rollouts --prefill runs/retap \
   --init $PREV --out runs/dflash-c2 $( [ -f runs/dflash-c2/train_state.pt ] && echo --resume ) \
-  --block-size 8 --layers 2 --steps ${STEPS:-1500} --batch-size 8 --anchors-per-seq 16 \
+  --block-size 8 --layers 2 --steps ${STEPS:-1400} --batch-size 8 --anchors-per-seq 16 \
   --lr 4e-4 --gamma 4 --eval-every 250 --eval-rollouts 32 --save-dtype bfloat16
 # 3. exact offline comparison on all 88 held-out rollouts
 python -m specviz eval --drafters dflash:$PREV,dflash:runs/dflash-c2 --rollouts runs/eval-rollouts \
   --out results/dflash_c2_eval
 # 4. bundle it (cp runs/dflash-c2/{config.json,model.safetensors,train_log.jsonl}
 #    specviz/weights/dflash-smollm2-135m-instruct/), then retrain the ReTrace fusion on the
-#    bundled backbone (~6 min; the step-40 checkpoint is the bundled fusion):
+#    bundled backbone (~11 min; the step-40 checkpoint is the bundled fusion):
 if [ "${BUNDLE:-0}" = 1 ]; then
   cp runs/dflash-c2/{config.json,model.safetensors,train_log.jsonl} \
     specviz/weights/dflash-smollm2-135m-instruct/

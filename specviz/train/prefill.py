@@ -34,8 +34,8 @@ from typing import Callable
 import torch
 
 from ..errors import SettingsError, SpecvizError
-from .rollouts import (MANIFEST_NAME, STORE_DTYPES, parse_layers, prompt_key, read_manifest,
-                       write_or_check_meta)
+from .rollouts import (MANIFEST_NAME, STORE_DTYPES, RolloutSet, parse_layers, prompt_key,
+                       read_manifest, write_or_check_meta)
 
 _CALC = re.compile(r"<<[^<>]*>>")
 
@@ -98,20 +98,13 @@ def load_pairs(spec: str, limit: int | None = None) -> list[TextPair]:
 
 def rollout_texts(folder: str | Path) -> list[TokenText]:
     """The sequences of a rollouts folder (every split) as :class:`TokenText` to re-tap."""
-    from safetensors import safe_open
-
-    folder, out = Path(folder), []
-    rows = read_manifest(folder)
-    if not rows:
+    rs = RolloutSet(folder)
+    if not len(rs):
         raise SpecvizError(f"{folder} holds no rollouts (no manifest rows)")
-    for shard in dict.fromkeys(r["shard"] for r in rows):
-        path = folder / shard
-        if not path.is_file():
-            raise SpecvizError(f"rollout shard {path} is missing")
-        with safe_open(str(path), framework="pt") as f:
-            for r in (r for r in rows if r["shard"] == shard):
-                ids = [int(x) for x in f.get_tensor(r["name"] + ".tokens").tolist()]
-                out.append(TokenText(r["key"], r.get("category", ""), ids, int(r["prompt_len"])))
+    out = []
+    for i, r in enumerate(rs.rows):
+        toks, _, plen = rs.load(i)
+        out.append(TokenText(r["key"], r.get("category", ""), toks.tolist(), plen))
     return out
 
 
