@@ -288,6 +288,16 @@ def _charts_section(view: Trace, sel: int, prefix: str) -> None:
             _chart(viz.fig_slot_confidence(view, pick), f"{prefix}_fig_conf")
         with c[1]:
             _chart(viz.fig_confidence_calibration(view), f"{prefix}_fig_calib")
+    if len(viz.gate_rounds(view)):
+        with st.expander("When the drafter ran (forward gate)"):
+            st.caption("The drafter's own forward costs a fraction of a target step even when "
+                       "the cut keeps nothing, so a block drafter runs only while its recent "
+                       "rounds commit more tokens per one-token forward than plain decoding "
+                       "(1, the dashed line). Below it the drafter is paused: those rounds are "
+                       "plain decoding steps with no drafter forward, and every 4, 8, 16, 32 "
+                       "rounds a probe tries it again. Evidence ages with the text, so a probe "
+                       "after a long pause is judged almost on its own.")
+            _chart(viz.fig_gate(view), f"{prefix}_fig_gate")
     if view.meta.get("cost_model"):
         with st.expander("Verify cost on this machine (what longer drafts cost)"):
             st.caption("Measured on the loaded model when the first run started, then refined "

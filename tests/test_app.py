@@ -476,3 +476,5 @@ def test_dflash_decode_shows_slot_confidence():
     assert any("drafter confidence per slot" in s for s in specs)
     assert any("Confidence vs acceptance" in s for s in specs)
     assert any("Drafter confidence per slot" in m.value for m in at.markdown)
+    assert "rate" in ex["cut"] and any("forward gate" in e.label for e in at.expander)
+    assert any("Forward gate: when the drafter ran" in s for s in specs)

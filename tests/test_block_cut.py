@@ -138,6 +138,11 @@ def test_dflash_paused_rounds_run_no_drafter_forward_and_stay_lossless(tiny_targ
     drafted = [r for r in tr.rounds if r.extras.get("cut") and not r.extras["cut"].get("paused")]
     assert paused and all(r.draft == [] for r in paused)
     assert len(calls) == len(drafted)            # one drafter forward per non-paused round
+    from specviz.viz import gate_rounds
+    g = gate_rounds(tr)                          # the decode page's gate chart reads the trace
+    assert len(g) == len(paused) + len(drafted) and (g["kind"] == "paused").sum() == len(paused)
+    probes = [r for r in drafted if r.extras["cut"]["probe"]]
+    assert probes and (g["kind"] == "probe").sum() == len(probes)   # paused, then probed
     block = DFlashDrafter(tiny_target, model=model, cut="block")   # the cut without the pause
     tb = Session(tiny_target, block, ids, s).run()
     assert not any((r.extras.get("cut") or {}).get("paused") for r in tb.rounds)
@@ -156,3 +161,27 @@ def test_a_paused_round_says_so_on_the_decode_page():
     assert "paused" in describe_extras(r) and "0.83" in describe_extras(r)
     fig = fig_slot_confidence(tr, 0)
     assert "paused" in fig.layout.annotations[0].text
+
+
+def test_the_gate_chart_tells_drafted_cut_probe_and_paused_rounds_apart():
+    from specviz.trace import Round, Trace
+    from specviz.viz import fig_gate, gate_rounds
+
+    def rnd(i, cut, committed=1):
+        return Round(index=i, start=5 + i, drafter="dflash", draft=[], accepted=0,
+                     committed=[7] * committed, extras={"block_size": 8, "cut": cut})
+
+    rounds = [rnd(0, {"kept": 3, "block": 7, "rate": 1.25, "probe": False}, 3),
+              rnd(1, {"kept": 0, "block": 7, "rate": 1.1, "probe": False}),
+              rnd(2, {"kept": 0, "block": 7, "paused": True, "rate": 0.9, "probe": False}),
+              rnd(3, {"kept": 2, "block": 7, "rate": 0.9, "probe": True}, 2)]
+    tr = Trace(meta={"method": "dflash"}, prompt_ids=[1, 2, 3, 4, 5], rounds=rounds)
+    g = gate_rounds(tr)
+    assert list(g["kind"]) == ["drafted", "cut to nothing", "paused", "probe"]
+    assert list(g["committed"]) == [3, 1, 1, 2] and list(g["round"]) == [1, 2, 3, 4]
+    fig = fig_gate(tr)
+    names = {d.name for d in fig.data}
+    assert {"gate rate", "drafted", "cut to nothing", "paused", "probe"} <= names
+    assert any("plain step" in (a.text or "") for a in fig.layout.annotations)
+    bare = Trace(meta={"method": "dflash"}, prompt_ids=[1, 2], rounds=[rnd(0, {"kept": 1})])
+    assert gate_rounds(bare).empty and "no forward gate" in fig_gate(bare).layout.annotations[0].text

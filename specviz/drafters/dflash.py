@@ -243,7 +243,7 @@ class DFlashDrafter(Drafter):
             return Draft(extras=extras)
         if self.cut is not None and not self.cut.wants_forward(ctx.round_index):
             extras["cut"] = {"kept": 0, "block": k, "paused": True,
-                             "rate": round(self.cut.gate.rate, 3)}
+                             **self._gate_state(drafted=False)}
             return Draft(extras=extras)   # paused: a plain decoding step, no drafter forward
         logits, chain = self.draft_logits(list(ctx.tokens), k)
         probs = torch.softmax(logits, dim=-1)
@@ -257,7 +257,8 @@ class DFlashDrafter(Drafter):
             self._last_cut = (block_conf, kept)
             extras["cut"] = {"kept": kept, "block": k,
                              "block_confidence": [round(c, 3) for c in block_conf],
-                             "value": [round(v, 3) for v in value]}
+                             "value": [round(v, 3) for v in value],
+                             **self._gate_state(drafted=True)}
             logits, conf, top = logits[:kept], conf[:kept], top[:kept]
             if kept == 0:
                 return Draft(extras=extras)
@@ -274,6 +275,14 @@ class DFlashDrafter(Drafter):
                          q_token=[round(float(x), 6) for x in q_token], extras=extras)
         return Draft(tokens=[int(t) for t in top], q=None,
                      q_token=[round(float(c), 6) for c in conf], extras=extras)
+
+    def _gate_state(self, drafted: bool) -> dict[str, Any]:
+        """The forward gate's rate when this round was decided, and whether a drafted round is a
+        probe of the paused drafter (the decode page's gate chart); empty without a gate."""
+        gate = self.cut.gate if self.cut is not None else None
+        if gate is None:
+            return {}
+        return {"rate": round(gate.rate, 3), "probe": bool(drafted and gate.off)}
 
     def observe(self, feedback: VerifyFeedback) -> None:
         rnd = feedback.round

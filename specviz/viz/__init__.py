@@ -4,7 +4,7 @@ Pure functions of a :class:`~specviz.trace.Trace` (no streamlit, no model): a tr
 from a file renders exactly like the live run that produced it.
 """
 from .charts import (block_confidences, confidence_calibration, fig_accepted_hist, fig_compare,
-                     fig_cost_curve,
+                     fig_cost_curve, fig_gate, gate_rounds,
                      fig_confidence_calibration, fig_position_acceptance, fig_round_lengths,
                      fig_slot_confidence, has_confidence, slot_confidences)
 from .stats import (PositionStat, SpeedupEstimate, accepted_lengths, live_metrics,
@@ -21,7 +21,7 @@ from .tokens import (KIND_LABELS, TOKEN_CSS, TokenView, legend_html, round_views
 __all__ = [
     "GLOSSARY", "glossary_html",
     "block_confidences", "confidence_calibration", "fig_accepted_hist", "fig_compare",
-    "fig_cost_curve",
+    "fig_cost_curve", "fig_gate", "gate_rounds",
     "fig_confidence_calibration",
     "fig_position_acceptance", "fig_round_lengths", "fig_slot_confidence", "has_confidence",
     "slot_confidences",

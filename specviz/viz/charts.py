@@ -275,3 +275,51 @@ def fig_cost_curve(trace: Trace) -> go.Figure:
     else:
         fig.update_xaxes(type="log", dtick=0.30103)
     return fig
+
+
+def gate_rounds(trace: Trace) -> pd.DataFrame:
+    """Per round of a block drafter with a forward gate (``cut="auto"``): the gate's rate when
+    the round was decided (tokens per one-token forward of the recent drafted rounds, evidence
+    aged per round of text) and what the round was: drafted, drafted but cut to nothing, a probe
+    of the paused drafter, or paused (a plain step, no drafter forward). Empty without a gate."""
+    rows = []
+    for r in trace.rounds:
+        cut = (r.extras or {}).get("cut") or {}
+        if "rate" not in cut:
+            continue
+        kind = ("paused" if cut.get("paused") else "probe" if cut.get("probe")
+                else "drafted" if cut.get("kept", 0) > 0 else "cut to nothing")
+        rows.append({"round": r.index + 1, "rate": float(cut["rate"]), "kind": kind,
+                     "committed": len(r.committed)})
+    return pd.DataFrame(rows, columns=["round", "rate", "kind", "committed"])
+
+
+def fig_gate(trace: Trace) -> go.Figure:
+    """When the drafter ran, and why (block_cut.ForwardGate): the gate's rate before each round
+    against a plain step's 1 token per forward; below it the drafter pauses and is probed now
+    and then, so a drafter that does not pay costs only its probes."""
+    df = gate_rounds(trace)
+    fig = go.Figure()
+    if len(df):
+        fig.add_scatter(x=df["round"], y=df["rate"], mode="lines", name="gate rate",
+                        line=dict(color=CHART_COLORS["rate"], width=2), hoverinfo="skip")
+        style = {"drafted": (CHART_COLORS["accepted"], "circle"),
+                 "cut to nothing": (CHART_COLORS["nodraft"], "x"),
+                 "probe": (CHART_COLORS["correction"], "diamond"),
+                 "paused": ("#cbd5e1", "circle-open")}
+        for kind, (color, symbol) in style.items():
+            d = df[df["kind"] == kind]
+            if len(d):
+                fig.add_scatter(x=d["round"], y=d["rate"], mode="markers", name=kind,
+                                customdata=d["committed"],
+                                marker=dict(color=color, symbol=symbol, size=8),
+                                hovertemplate="round %{x}: rate %{y:.2f}, committed "
+                                              "%{customdata}<extra>" + kind + "</extra>")
+        fig.add_hline(y=1.0, line=dict(color="#64748b", dash="dash"),
+                      annotation_text="a plain step: 1 token per forward",
+                      annotation_position="bottom right")
+    _layout(fig, "Forward gate: when the drafter ran", "round",
+            "tokens per one-token forward", empty=not len(df))
+    if not len(df) and trace.rounds:
+        fig.layout.annotations[0].text = "This run has no forward gate (cut is not 'auto')"
+    return fig
