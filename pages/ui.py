@@ -309,6 +309,8 @@ def _charts_section(view: Trace, sel: int, prefix: str) -> None:
                        "this curve.")
             if view.meta.get("numerics"):
                 st.caption(f"Target numerics: {view.meta['numerics']}")
+            if view.meta.get("kernels"):
+                st.caption(f"Target linears: {view.meta['kernels']}")
             _chart(viz.fig_cost_curve(view), f"{prefix}_fig_cost")
 
 

@@ -283,6 +283,7 @@ def run_bench(target, methods: list[str], prompts: list[PromptItem], settings,
                                "device": target.device,
                                "dtype": str(target.dtype).replace("torch.", ""),
                                "numerics": getattr(target.numerics, "summary", lambda: None)(),
+                               "kernels": getattr(target.kernels, "summary", lambda: None)(),
                                "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
     total = len(order) * len(prompts)
     ar_ids = None

@@ -56,6 +56,8 @@ def _load_decoding_target(args):
     target = load_target(args.model, device=args.device, dtype=args.target_dtype)
     if target.numerics is not None:
         print(f"target numerics: {target.numerics.summary()}", file=sys.stderr)
+    if target.kernels is not None:
+        print(f"target linears: {target.kernels.summary()}", file=sys.stderr)
     return target
 
 

@@ -286,6 +286,7 @@ class Session:
             "dtype": str(self.target.dtype).replace("torch.", ""),
             "min_width": self.target.min_width,
             "numerics": self.target.numerics.summary() if self.target.numerics else None,
+            "kernels": self.target.kernels.summary() if self.target.kernels else None,
             "prefill_time": self.prefill_time,
             "stop_reason": self.stop_reason,
             "eos_token_ids": sorted(self.eos),

@@ -77,6 +77,7 @@ class Target:
     #: depend on the forward's width (``specviz.numerics``; 1 = no padding)
     min_width: int = 1
     numerics: object = None  # specviz.numerics.Numerics: the measured dtype choice, if any
+    kernels: object = None   # specviz.kernels.KernelChoice: the measured linear kernels, if any
 
     @property
     def config(self):
@@ -248,7 +249,10 @@ def load_target(name: str = "default", device: str | None = None, dtype=None,
         model.to(device=dev, dtype=dt)
     model.eval()
     model.requires_grad_(False)
-    numerics = None
+    numerics = kernels = None
+    if dev == "cpu" and dt == torch.float32 and linear_kernels(dtype) == "measured":
+        from .kernels import tune_linears  # oneDNN packed linears where they are measured faster
+        kernels = tune_linears(model)
     if dev == "cpu" and dtype in (None, "auto"):  # measured: bfloat16 only where it pays and
         from .numerics import choose_cpu_numerics  # its logits are width-invariant
         model, numerics = choose_cpu_numerics(model, _check_tokens(tokenizer))
@@ -262,7 +266,21 @@ def load_target(name: str = "default", device: str | None = None, dtype=None,
     label = "SmolLM2-135M-Instruct (embedded)" if name in DEFAULT_ALIASES else name
     return Target(model=model, tokenizer=tokenizer, name=label,
                   device=str(next(model.parameters()).device), dtype=dt,
-                  min_width=numerics.min_width if numerics else 1, numerics=numerics)
+                  min_width=numerics.min_width if numerics else 1, numerics=numerics,
+                  kernels=kernels if dt == torch.float32 else None)
+
+
+def linear_kernels(dtype) -> str:
+    """``measured`` (specviz.kernels: time and pick per weight shape) or ``default``. Measured
+    with the measured numerics (dtype auto); ``SPECVIZ_LINEAR=packed`` / ``default`` forces it
+    on / off (an explicit float32 target keeps torch's default kernels, as the tests that compare
+    against HF generate expect)."""
+    env = os.environ.get("SPECVIZ_LINEAR", "auto").strip().lower()
+    if env in ("packed", "measured"):
+        return "measured"
+    if env == "default":
+        return "default"
+    return "measured" if dtype in (None, "auto") else "default"
 
 
 def _check_tokens(tokenizer) -> list[int]:

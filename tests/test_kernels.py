@@ -1,0 +1,111 @@
+"""specviz.kernels: oneDNN packed linears, dispatched per row bucket where measured faster; the
+same maths as the default kernel, safe fallbacks, and speculative decoding stays lossless."""
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specviz import kernels
+from specviz.analysis.lossless import compare_outputs
+from specviz.drafters.dflash import DFlashDrafter, new_dflash_for_target
+from specviz.engine import DecodeSettings, Session, generate
+
+from conftest import make_tiny_target, repetitive_prompt
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="no oneDNN packed linear ops")
+
+
+def _linear(seed=0, i=48, o=80):
+    torch.manual_seed(seed)
+    lin = torch.nn.Linear(i, o)
+    lin.requires_grad_(False)
+    return lin
+
+
+def test_packed_dispatch_gives_the_default_kernels_result_at_every_row_count():
+    lin = _linear()
+    kernels.install(lin, ["1", "2+"])
+    with torch.inference_mode():
+        for rows in (1, 2, 3, 8, 17, 64):
+            x = torch.randn(1, rows, 48)
+            assert torch.allclose(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-5)
+    kernels.uninstall(lin)
+    assert "forward" not in lin.__dict__ and lin not in kernels._PACKS
+
+
+def test_only_the_buckets_that_gain_use_the_packed_kernel(monkeypatch):
+    lin = _linear()
+    kernels.install(lin, ["2+"])
+    calls = []
+    real = kernels.packed_linear
+    monkeypatch.setattr(kernels, "packed_linear", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    with torch.inference_mode():
+        lin(torch.randn(1, 1, 48))
+        lin(torch.randn(1, 5, 48))
+    assert calls == [5]                      # one row: the default kernel; five: packed
+    t = {"plain@1": 1.0, "packed@1": 2.0, "plain@2": 2.0, "packed@2": 1.0, "plain@8": 3.0,
+         "packed@8": 1.2}
+    assert kernels.buckets_that_gain(t) == ["2+"]
+    t.update({"packed@1": 0.5})
+    assert kernels.buckets_that_gain(t) == ["1", "2+"]
+    t.update({"packed@1": 0.99, "packed@2": 1.99, "packed@8": 2.99})   # < 5 % gain: not used
+    assert kernels.buckets_that_gain(t) == []
+
+
+def test_grad_a_changed_weight_and_a_deep_copy_fall_back_to_the_default_kernel():
+    lin = _linear()
+    kernels.install(lin, ["1", "2+"])
+    x = torch.randn(4, 48, requires_grad=True)
+    lin(x).sum().backward()                  # training: the default kernel, with gradients
+    assert x.grad is not None
+    with torch.no_grad():
+        lin.weight.mul_(2.0)                 # the pack is stale now: never used again
+    with torch.inference_mode():
+        y = torch.randn(3, 48)
+        assert torch.allclose(lin(y), F.linear(y, lin.weight, lin.bias), atol=1e-5)
+    assert lin not in kernels._PACKS
+    other = _linear(seed=1)
+    kernels.install(other, ["1", "2+"])
+    twin = copy.deepcopy(other)              # packed weights are opaque: not on the module
+    with torch.no_grad():
+        twin.weight.add_(1.0)
+    with torch.inference_mode():
+        y = torch.randn(3, 48)
+        assert torch.allclose(twin(y), F.linear(y, twin.weight, twin.bias), atol=1e-5)
+
+
+def test_tuning_times_every_shape_once_and_reports_what_it_chose():
+    target = make_tiny_target(seed=5)
+    choice = kernels.tune_linears(target.model)
+    shapes = {f"{m.out_features}x{m.in_features}" for m in target.model.modules()
+              if isinstance(m, torch.nn.Linear)}
+    assert set(choice.times_ms) == shapes == set(choice.packed)
+    assert all(set(t) == {f"{k}@{r}" for k in ("plain", "packed") for r in (1, 2, 8)}
+               for t in choice.times_ms.values())
+    installed = sum(1 for m in target.model.modules() if m in kernels._PACKS)
+    assert installed == choice.modules and isinstance(choice.summary(), str)
+    kernels.uninstall(target.model)
+
+
+def test_speculative_decoding_on_packed_linears_is_lossless():
+    """Every linear of a tiny target forced onto the packed kernel (both buckets): DFlash's
+    greedy output equals plain decoding's on the same packed target, and on the default one."""
+    target = make_tiny_target(seed=9)
+    rng = random.Random(3)
+    s = DecodeSettings(max_new_tokens=32)
+    prompts = [repetitive_prompt(rng, 64, 24) for _ in range(4)]
+    plain = [generate(target, "ar", ids, s).output_ids for ids in prompts]
+    for m in target.model.modules():
+        if isinstance(m, torch.nn.Linear):
+            kernels.install(m, ["1", "2+"])
+    model = new_dflash_for_target(target, num_layers=1, block_size=6, seed=2)
+    for ids, want in zip(prompts, plain):
+        ar = generate(target, "ar", ids, s)
+        tr = Session(target, DFlashDrafter(target, model=model, cut="off"), ids, s).run()
+        assert compare_outputs(target, ids, ar.output_ids, tr.output_ids).ok
+        assert compare_outputs(target, ids, want, ar.output_ids).ok
+    kernels.uninstall(target.model)
