@@ -410,7 +410,8 @@ def test_bundled_edr_t1_drafter_by_name_on_real_prompts(embedded_target):
     runs = greedy_lossless_runs(embedded_target, "dflash", example_prompts(1), 32,
                                 checkpoint=name)
     assert all(rep.identical for _, _, rep in runs)
-    d = make_drafter("dflash", embedded_target, checkpoint=name, draft_temperature=1.0)
+    d = make_drafter("dflash", embedded_target, checkpoint=name, draft_temperature=1.0,
+                     cut="off")   # whole blocks: the forward gate may pause it in 24 tokens
     ids = embedded_target.encode_prompt("Natalia sold clips to 48 friends. How many?")
     tr = Session(embedded_target, d, ids, DecodeSettings(max_new_tokens=24, temperature=1.0,
                                                          seed=1)).run()

@@ -99,6 +99,21 @@ PARAMS = params_by_name(
 )
 
 
+def tune_drafter_linears(model: DFlashDraftModel, target) -> None:
+    """Measured oneDNN packed linears (:mod:`specviz.kernels`) for the drafter's layers and its
+    draft-vocabulary head, where faster: the block forward runs B rows, the slow case of the
+    default kernel on a CPU. Once per loaded model; a float32 CPU drafter only."""
+    if getattr(model, "_kernels_tuned", False):
+        return
+    from ..kernels import tune_linears
+    p = next(model.parameters())
+    if p.device.type == "cpu" and p.dtype == torch.float32:
+        tune_linears(model)
+        if model.draft_vocab is not None:
+            tune_linears(model.sub_head(target.model.get_output_embeddings()))
+    model._kernels_tuned = True
+
+
 # --------------------------------------------------------------------------- the drafter
 class DFlashDrafter(Drafter):
     """DFlash behind the engine's Drafter interface (see the module docstring)."""
@@ -138,6 +153,8 @@ class DFlashDrafter(Drafter):
         else:
             model = model.to(device=dev, dtype=dt).eval()
         _check_compatible(model, target)
+        if getattr(target, "kernels", None) is not None:   # the target's linears were tuned:
+            tune_drafter_linears(model, target)            # the drafter's too (once per model)
         ckpt_b = int(model.block_size)
         b = block_size or ckpt_b
         if not 2 <= b <= ckpt_b:

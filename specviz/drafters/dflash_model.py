@@ -230,18 +230,23 @@ class DFlashDraftModel(nn.Module):
         """Scores [..., Vd] over the draft vocabulary (all words without one), plus the Markov
         bias of ``prev`` when the drafter has a Markov head."""
         h = h.to(device=head.weight.device, dtype=head.weight.dtype)
-        if self.draft_vocab is None:
-            sub = head(h)
-        else:
-            dv = self.draft_vocab.to(head.weight.device)
-            cached = getattr(self, "_sub_head", None)
-            if cached is None or cached[0] is not head.weight or cached[1].device != dv.device \
-                    or cached[2] != head.weight.dtype or cached[1].numel() != dv.numel():
-                cached = (head.weight, dv, head.weight.dtype, head.weight.detach()[dv].contiguous())
-                self._sub_head = cached
-            sub = F.linear(h, cached[3])
+        sub = head(h) if self.draft_vocab is None else self.sub_head(head)(h)
         bias = None if prev is None else self.markov_bias(prev)
         return sub if bias is None else sub + bias.to(sub.dtype)
+
+    def sub_head(self, head: nn.Module) -> nn.Linear:
+        """The LM head's draft-vocabulary rows as a linear [Vd, H] (built once per head; kept in
+        a tuple, so it is not a submodule and never in the checkpoint)."""
+        dv = self.draft_vocab.to(head.weight.device)
+        cached = getattr(self, "_sub_head", None)
+        if cached is None or cached[0] is not head.weight or cached[1].device != dv.device \
+                or cached[2] != head.weight.dtype or cached[1].numel() != dv.numel():
+            w = head.weight.detach()[dv].contiguous()
+            lin = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
+            lin.weight = nn.Parameter(w, requires_grad=False)
+            cached = (head.weight, dv, head.weight.dtype, lin)
+            self._sub_head = cached
+        return cached[3]
 
     def slot_logits(self, h: torch.Tensor, head: nn.Module,
                     prev: torch.Tensor | None = None) -> torch.Tensor:
