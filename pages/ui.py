@@ -295,8 +295,7 @@ def _charts_section(view: Trace, sel: int, prefix: str) -> None:
                        "rounds commit more tokens per one-token forward than plain decoding "
                        "(1, the dashed line). Below it the drafter is paused: those rounds are "
                        "plain decoding steps with no drafter forward, and every 4, 8, 16, 32 "
-                       "rounds a probe tries it again. Evidence ages with the text, so a probe "
-                       "after a long pause is judged almost on its own.")
+                       "rounds a probe tries it again; a probe that pays switches it back on.")
             _chart(viz.fig_gate(view), f"{prefix}_fig_gate")
     if view.meta.get("cost_model"):
         with st.expander("Verify cost on this machine (what longer drafts cost)"):

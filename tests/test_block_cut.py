@@ -79,7 +79,7 @@ def test_the_forward_gate_pauses_a_drafter_that_does_not_pay_and_probes_it():
         assert gate.wants(rnd) and rnd < 10
         gate.observe(rnd, 1, 1.6)
         rnd += 1
-    assert gate.rate < 1.0 and 1 <= rnd <= 3
+    assert gate.rate < 1.0 and 2 <= rnd <= 6
     waits = []
     for _ in range(4):                       # failed probes: 4, 8, 16, 32 rounds apart
         first = next(i for i in range(rnd, rnd + 100) if gate.wants(i))
@@ -93,27 +93,11 @@ def test_the_forward_gate_pauses_a_drafter_that_does_not_pay_and_probes_it():
     assert not gate.off and gate.wants(first + 1) and gate.gap == PROBE_GAPS[0]
 
 
-def test_a_lucky_probe_after_a_losing_streak_does_not_switch_the_drafter_back_on():
-    """Evidence ages per round of text: a probe is judged together with the recent losses, so a
-    modest round right after them keeps the drafter paused; the same round after a long pause
-    (stale losses) switches it back on."""
-    def paused_after_a_streak():   # ~5 rounds' worth of evidence at 0.8 tokens per step
-        return ForwardGate(tokens=8.0, cost=10.0, last_round=10, off=True, next_probe=14)
-
-    gate = paused_after_a_streak()
-    assert not gate.wants(13) and gate.wants(14)
-    gate.observe(14, 2, 1.6)                 # 2 tokens for 1.6: pays alone, not with the streak
-    assert gate.off and gate.rate < 1.0 and not gate.wants(15)
-    gate = paused_after_a_streak()
-    gate.observe(60, 2, 1.6)                 # the same round 50 rounds on: the streak is stale
-    assert not gate.off and gate.wants(61)
-
-
 def test_the_forward_gate_keeps_a_drafter_that_pays():
     gate = ForwardGate()
     for rnd in range(200):
         assert gate.wants(rnd)
-        gate.observe(rnd, 2 if rnd % 2 == 0 else 1, 1.4)   # 1.5 tokens per 1.4 steps
+        gate.observe(rnd, 2 if rnd % 2 else 1, 1.4)   # 1.5 tokens per 1.4 steps
     assert not gate.off and gate.rate > 1.0
 
 

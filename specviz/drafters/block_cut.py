@@ -14,15 +14,11 @@ is kept). k* = 0 means a plain decoding step. Verification is unchanged, so outp
 
 The drafter's forward itself is not free either (d above, ~0.1-0.3 of a step on a CPU), and it
 is paid even when the cut keeps nothing. :class:`ForwardGate` decides, before the forward,
-whether to run the drafter at all: it keeps sums of the tokens that drafted rounds committed and
-of what they cost (c(kept + 1) + d, in one-token forwards), both decayed by ``GATE_DECAY`` per
-round of text since the last drafted round, so evidence ages with the text, paused or not;
-while that rate stays below a plain step's (1 token per unit), the drafter is paused -- rounds
-are plain decoding steps with no drafter forward -- and probed after 4, 8, 16, 32 rounds. A probe
-is folded into the same (aged) sums and switches the drafter back on only if the rate is then
-above 1: one lucky round after a long losing streak does not (issue 10: the old reset-to-prior
-cost ~7 losing rounds per lucky probe). The prior is one round at 1.25 tokens per step. On an
-accelerator (flat curve, d ~ 0) it almost never pauses.
+whether to run the drafter at all: it keeps decayed sums of the tokens that drafted rounds
+committed and of what they cost (c(kept + 1) + d, in one-token forwards); while that rate stays
+below a plain step's (1 token per unit), the drafter is paused -- rounds are plain decoding
+steps with no drafter forward -- and probed after 4, 8, 16, 32 rounds. A probe that pays
+switches it back on. On an accelerator (flat curve, d ~ 0) it almost never pauses.
 """
 from __future__ import annotations
 
@@ -34,8 +30,8 @@ from .probes import PROBE_GAPS, Paused
 
 DECAY = 0.95     # per round, for the calibration sums
 P_MAX = 0.995
-GATE_DECAY = 0.8            # per round of text, for the forward gate's sums
-GATE_PRIOR = (1.25, 1.0)    # prior (tokens, cost): one round at 1.25 tokens per step
+GATE_DECAY = 0.9            # per drafted round, for the forward gate's sums
+GATE_PRIOR = (7.5, 6.0)     # prior (tokens, cost): three rounds at 1.25 tokens per step
 
 
 @dataclass
@@ -44,7 +40,6 @@ class ForwardGate(Paused):
 
     tokens: float = GATE_PRIOR[0]   # decayed tokens committed by drafted rounds
     cost: float = GATE_PRIOR[1]     # decayed cost of those rounds, in one-token forwards
-    last_round: int | None = None   # the last drafted round (the sums' age is counted from it)
 
     @property
     def rate(self) -> float:
@@ -57,14 +52,14 @@ class ForwardGate(Paused):
 
     def observe(self, round_index: int, committed: int, cost: float) -> None:
         """A drafted round committed ``committed`` tokens at ``cost`` one-token forwards."""
-        age = 1 if self.last_round is None else max(1, round_index - self.last_round)
-        w = GATE_DECAY ** age
-        self.tokens = w * self.tokens + committed
-        self.cost = w * self.cost + cost
-        self.last_round = round_index
-        if self.off:                        # a probe: back on only if the evidence now pays
-            self.probed(round_index, self.rate >= 1.0, PROBE_GAPS)
-        elif self.rate < 1.0:
+        if self.off:                        # a probe: judged on its own outcome
+            self.probed(round_index, committed >= cost, PROBE_GAPS)
+            if not self.off:
+                self.tokens, self.cost = GATE_PRIOR[0] + committed, GATE_PRIOR[1] + cost
+            return
+        self.tokens = GATE_DECAY * self.tokens + committed
+        self.cost = GATE_DECAY * self.cost + cost
+        if self.rate < 1.0:
             self.pause(round_index + 1, PROBE_GAPS)
 
 

@@ -279,8 +279,8 @@ def fig_cost_curve(trace: Trace) -> go.Figure:
 
 def gate_rounds(trace: Trace) -> pd.DataFrame:
     """Per round of a block drafter with a forward gate (``cut="auto"``): the gate's rate when
-    the round was decided (tokens per one-token forward of the recent drafted rounds, evidence
-    aged per round of text) and what the round was: drafted, drafted but cut to nothing, a probe
+    the round was decided (tokens per one-token forward of the recent drafted rounds, decayed)
+    and what the round was: drafted, drafted but cut to nothing, a probe
     of the paused drafter, or paused (a plain step, no drafter forward). Empty without a gate."""
     rows = []
     for r in trace.rounds:
