@@ -139,11 +139,14 @@ def uninstall(model: torch.nn.Module) -> None:
             mod.__dict__.pop("forward", None)
 
 
-def tune_linears(model: torch.nn.Module) -> KernelChoice:
+def tune_linears(model: torch.nn.Module, known: KernelChoice | None = None) -> KernelChoice:
     """Time both kernels once per weight shape of ``model`` (fp32, CPU) and install the packed
-    one on every ``nn.Linear`` whose shape gains in some row bucket. ~1 s on the embedded model."""
+    one on every ``nn.Linear`` whose shape gains in some row bucket. ~1 s on the embedded model.
+    Shapes already timed in ``known`` (e.g. the target's, for a drafter with the same layer
+    shapes) keep that measurement."""
     t0 = time.perf_counter()
-    choice = KernelChoice()
+    choice = KernelChoice(times_ms=dict(known.times_ms) if known else {},
+                          packed=dict(known.packed) if known else {})
     if not available():
         return choice
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)

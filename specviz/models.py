@@ -257,6 +257,10 @@ def load_target(name: str = "default", device: str | None = None, dtype=None,
         from .numerics import choose_cpu_numerics  # its logits are width-invariant
         model, numerics = choose_cpu_numerics(model, _check_tokens(tokenizer))
         dt = next(model.parameters()).dtype
+        if kernels is not None and dt != torch.float32:   # bfloat16 won: its copy of the model
+            from .kernels import uninstall                  # needs no fp32 dispatch
+            uninstall(model)
+            kernels = None
     elif dev == "cpu" and dt == torch.bfloat16:  # asked for: make it lossless where it can be
         from .numerics import Numerics, prepare_bfloat16
         w = prepare_bfloat16(model, _check_tokens(tokenizer))
@@ -267,7 +271,7 @@ def load_target(name: str = "default", device: str | None = None, dtype=None,
     return Target(model=model, tokenizer=tokenizer, name=label,
                   device=str(next(model.parameters()).device), dtype=dt,
                   min_width=numerics.min_width if numerics else 1, numerics=numerics,
-                  kernels=kernels if dt == torch.float32 else None)
+                  kernels=kernels)
 
 
 def linear_kernels(dtype) -> str:

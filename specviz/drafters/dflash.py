@@ -107,10 +107,10 @@ def tune_drafter_linears(model: DFlashDraftModel, target) -> None:
         return
     from ..kernels import tune_linears
     p = next(model.parameters())
-    if p.device.type == "cpu" and p.dtype == torch.float32:
-        tune_linears(model)
+    if p.device.type == "cpu" and p.dtype == torch.float32:   # shapes the target timed: reused
+        tune_linears(model, target.kernels)
         if model.draft_vocab is not None:
-            tune_linears(model.sub_head(target.model.get_output_embeddings()))
+            tune_linears(model.sub_head(target.model.get_output_embeddings()), target.kernels)
     model._kernels_tuned = True
 
 
