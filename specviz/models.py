@@ -252,7 +252,7 @@ def load_target(name: str = "default", device: str | None = None, dtype=None,
     numerics = kernels = None
     if dev == "cpu" and dt == torch.float32 and linear_kernels(dtype) == "measured":
         from .kernels import tune_linears  # oneDNN packed linears where they are measured faster
-        kernels = tune_linears(model)
+        kernels = tune_linears(model, example=lambda: model(input_ids=torch.tensor([[1, 2]])))
     if dev == "cpu" and dtype in (None, "auto"):  # measured: bfloat16 only where it pays and
         from .numerics import choose_cpu_numerics  # its logits are width-invariant
         model, numerics = choose_cpu_numerics(model, _check_tokens(tokenizer))

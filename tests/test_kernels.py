@@ -78,21 +78,69 @@ def test_grad_a_changed_weight_and_a_deep_copy_fall_back_to_the_default_kernel()
         assert torch.allclose(twin(y), F.linear(y, twin.weight, twin.bias), atol=1e-5)
 
 
-def test_tuning_times_every_shape_once_and_reports_what_it_chose():
+def _example(target):
+    return lambda: target.model(input_ids=torch.tensor([[3, 4]]))
+
+
+def test_one_traced_forward_finds_the_call_order_and_the_sibling_groups():
     target = make_tiny_target(seed=5)
-    choice = kernels.tune_linears(target.model)
+    order, groups = kernels.call_order(target.model, _example(target))
+    layers = target.model.model.layers
+    assert order[0] is layers[0].self_attn.q_proj and order[-1] is target.model.lm_head
+    want = [[l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj] for l in layers] + \
+        [[l.mlp.gate_proj, l.mlp.up_proj] for l in layers]
+    assert sorted(map(tuple, groups), key=lambda g: order.index(g[0])) == \
+        sorted(map(tuple, want), key=lambda g: order.index(g[0]))
+    assert kernels.call_order(target.model)[1] == []    # no forward to trace: no groups
+
+
+def test_fused_siblings_give_each_members_own_result_and_fall_back_when_they_must():
+    target = make_tiny_target(seed=6)
+    attn = target.model.model.layers[0].self_attn
+    mods = [attn.q_proj, attn.k_proj, attn.v_proj]
+    kernels.install_group(mods, ["1", "2+"])
+    with torch.inference_mode():
+        for rows in (1, 2, 5, 17):
+            x = torch.randn(1, rows, 32)
+            got = [m(x) for m in mods]                          # the leader computes all three
+            assert all(torch.allclose(g, F.linear(x, m.weight), atol=1e-5)
+                       for g, m in zip(got, mods))
+        x, y = torch.randn(1, 3, 32), torch.randn(1, 3, 32)
+        mods[0](x)
+        assert torch.allclose(mods[1](y), F.linear(y, mods[1].weight), atol=1e-5)  # not x: own
+    with torch.no_grad():
+        attn.v_proj.weight.mul_(2.0)                            # stale pack: the group is dropped
+    with torch.inference_mode():
+        x = torch.randn(1, 4, 32)
+        assert [torch.allclose(m(x), F.linear(x, m.weight), atol=1e-5) for m in mods] == [True] * 3
+    assert not any(m in kernels._GROUPS for m in mods)
+    kernels.uninstall(target.model)
+
+
+def test_tuning_times_every_shape_and_group_in_forward_order_and_reports_what_it_chose():
+    target = make_tiny_target(seed=5)
+    choice = kernels.tune_linears(target.model, example=_example(target))
     shapes = {f"{m.out_features}x{m.in_features}" for m in target.model.modules()
               if isinstance(m, torch.nn.Linear)}
-    assert set(choice.times_ms) == shapes == set(choice.packed)
-    assert all(set(t) == {f"{k}@{r}" for k in ("plain", "packed") for r in (1, 2, 8)}
-               for t in choice.times_ms.values())
-    installed = sum(1 for m in target.model.modules() if m in kernels._PACKS)
+    assert set(choice.packed) == shapes
+    assert set(choice.fused) == {"fused:32x32+16x32+16x32", "fused:64x32+64x32"}
+    assert set(choice.times_ms) == shapes | set(choice.fused)
+    assert all(set(choice.times_ms[s]) == {f"{k}@{r}" for k in ("plain", "packed")
+                                           for r in (1, 2, 8)} for s in shapes)
+    assert all(set(choice.times_ms[g]) == {f"{k}@{r}" for k in ("plain", "packed", "fused")
+                                           for r in (1, 2, 8)} for g in choice.fused)
+    installed = sum(1 for m in target.model.modules()
+                    if m in kernels._PACKS or m in kernels._GROUPS)
     assert installed == choice.modules and isinstance(choice.summary(), str)
+    assert choice.groups == sum(2 for b in choice.fused.values() if b)  # 2 layers per kind
+    again = kernels.tune_linears(target.model, known=choice)   # all known: nothing timed again
+    assert again.times_ms == choice.times_ms
     kernels.uninstall(target.model)
 
 
 def test_speculative_decoding_on_packed_linears_is_lossless():
-    """Every linear of a tiny target forced onto the packed kernel (both buckets): DFlash's
+    """Every linear of a tiny target forced onto the packed kernel and every sibling group fused
+    (both buckets): DFlash's
     greedy output equals plain decoding's on the same packed target, and on the default one."""
     target = make_tiny_target(seed=9)
     rng = random.Random(3)
@@ -102,6 +150,8 @@ def test_speculative_decoding_on_packed_linears_is_lossless():
     for m in target.model.modules():
         if isinstance(m, torch.nn.Linear):
             kernels.install(m, ["1", "2+"])
+    for group in kernels.call_order(target.model, _example(target))[1]:
+        kernels.install_group(group, ["1", "2+"])       # q/k/v and gate/up fused as well
     model = new_dflash_for_target(target, num_layers=1, block_size=6, seed=2)
     for ids, want in zip(prompts, plain):
         ar = generate(target, "ar", ids, s)

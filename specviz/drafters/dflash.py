@@ -170,30 +170,62 @@ class DFlashDrafter(Drafter):
         self.dtype = dt
         self.hidden_state_layers = [i + 1 for i in model.target_layer_ids]
         self._ctx = ContextCache(seq_dim=2)
-        self.generator = torch.Generator().manual_seed(self.seed)
+        self._reset()
 
-    # -- context cache (specviz.drafters.context): every drafter layer's context K/V
+    # -- context cache (specviz.drafters.context): every drafter layer's context K/V. Committed
+    # rows are queued as tapped features and projected to K/V in one batch when the next block
+    # needs them: a round the forward gate paused costs the drafter nothing.
     @property
     def context_len(self) -> int:
-        return len(self._ctx)
+        return len(self._ctx) + sum(int(f.shape[1]) for f in self._pending)
 
     def _reset(self) -> None:
         self._ctx.reset()
+        self._pending: list[torch.Tensor] = []
+        self._pending_start = 0
         self.generator = torch.Generator().manual_seed(self.seed)
 
+    def _crop(self, n: int) -> None:
+        """Keep the first ``n`` context positions (K/V and queued features)."""
+        done = len(self._ctx)
+        if n <= done:
+            self._ctx.crop(n)
+            self._pending = []
+            return
+        keep, left = [], n - done
+        for f in self._pending:
+            if left <= 0:
+                break
+            keep.append(f[:, :left])
+            left -= int(f.shape[1])
+        self._pending = keep
+
     def _append(self, hidden_states, rows: list[int] | None, start_pos: int) -> None:
-        """Append the context K/V of ``rows`` of a target forward's hidden states, the first
+        """Queue the tapped features of ``rows`` of a target forward's hidden states, the first
         at absolute position ``start_pos`` (rows are consecutive committed positions)."""
+        if start_pos != self.context_len:
+            raise RuntimeError(f"dflash context holds {self.context_len} positions; rows for "
+                               f"position {start_pos} cannot follow")
         feats = tapped_features(hidden_states, self.hidden_state_layers, rows)
         if feats.shape[1] == 0:
             return
-        feats = feats.to(device=self.device, dtype=self.dtype)
-        pos = torch.arange(start_pos, start_pos + feats.shape[1])
+        if not self._pending:
+            self._pending_start = start_pos
+        self._pending.append(feats.to(device=self.device, dtype=self.dtype))
+
+    def _flush(self) -> None:
+        """The queued rows' context K/V, in one drafter projection."""
+        if not self._pending:
+            return
+        feats = torch.cat(self._pending, 1) if len(self._pending) > 1 else self._pending[0]
+        start, self._pending = self._pending_start, []
+        pos = torch.arange(start, start + feats.shape[1])
         with torch.inference_mode():
             new = self.model.context_kv(feats, pos)
         self._ctx.append([t for kv in new for t in kv])
 
     def _context_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        self._flush()
         t = self._ctx.tensors
         return [(t[2 * i], t[2 * i + 1]) for i in range(len(t) // 2)] or self._empty_kv()
 
@@ -208,6 +240,7 @@ class DFlashDrafter(Drafter):
                                 gate=ForwardGate() if self.cut_mode == "auto" else None)
         if len(prompt_ids) > 1:
             self._append(prefill_hidden, None, 0)
+            self._flush()
 
     def block_input(self, tokens: list[int]) -> torch.Tensor:
         """The block's input embeddings [1, B, H]: the last committed token, then B-1 masks
@@ -250,7 +283,7 @@ class DFlashDrafter(Drafter):
 
     def propose(self, ctx: DraftContext) -> Draft:
         n = len(ctx.tokens)
-        self._ctx.crop(n - 1)
+        self._crop(n - 1)
         if self.context_len != n - 1:
             raise RuntimeError(f"dflash context cache holds {self.context_len} positions but "
                                f"{n - 1} are committed (was observe() skipped?)")
@@ -306,7 +339,7 @@ class DFlashDrafter(Drafter):
         rows = list(feedback.kept_rows if feedback.kept_rows is not None else [0])
         rows = rows[:len(rnd.committed)]  # an EOS / budget cut commits fewer tokens
         start = int(rnd.start) - 1        # position of the verify input's row 0
-        self._ctx.crop(start)
+        self._crop(start)
         self._append(feedback.hidden_states, rows, start)
         if self.cut is not None and self._last_cut is not None:
             block_conf, kept = self._last_cut
