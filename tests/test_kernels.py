@@ -159,3 +159,33 @@ def test_speculative_decoding_on_packed_linears_is_lossless():
         assert compare_outputs(target, ids, ar.output_ids, tr.output_ids).ok
         assert compare_outputs(target, ids, want, ar.output_ids).ok
     kernels.uninstall(target.model)
+
+
+def test_a_drafter_on_a_tuned_target_fuses_its_own_siblings_and_drafts_the_same_logits():
+    """The DFlash drafter reuses the target's choice per shape / group: one traced block forward
+    finds its q/k/v and gate/up (its context path calls k/v alone: they fall back), and its
+    block logits equal the untuned drafter's."""
+    from specviz.drafters.dflash import _block_example
+
+    target = make_tiny_target(seed=9)
+    model = new_dflash_for_target(target, num_layers=2, block_size=6, seed=2)
+    twin = copy.deepcopy(model)
+    order, groups = kernels.call_order(model, _block_example(model))
+    assert len(groups) == 4                                  # 2 layers x (q/k/v, gate/up)
+    all_on = ["1", "2+"]
+    target.kernels = kernels.KernelChoice(
+        times_ms={k: {} for k in {kernels.shape_key(m) for m in order} |
+                  {kernels.group_key(g) for g in groups}},
+        packed={kernels.shape_key(m): all_on for m in order},
+        fused={kernels.group_key(g): all_on for g in groups})
+    tuned = DFlashDrafter(target, model=model, cut="off")
+    assert sum(1 for m in model.modules() if m in kernels._GROUPS) == 10
+    target.kernels = None
+    plain = DFlashDrafter(target, model=twin, cut="off")
+    ids = list(range(2, 40))
+    with torch.inference_mode():
+        out = target.model(input_ids=torch.tensor([ids[:-1]]), output_hidden_states=True)
+    for d in (tuned, plain):
+        d.begin(target, ids, out.hidden_states)
+    assert torch.allclose(tuned.block_logits(ids), plain.block_logits(ids), atol=1e-4)
+    kernels.uninstall(model)

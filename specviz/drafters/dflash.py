@@ -99,6 +99,16 @@ PARAMS = params_by_name(
 )
 
 
+def _block_example(model: DFlashDraftModel):
+    """One block forward on a 2-position context: the drafter's linears in call order and its
+    sibling groups (q/k/v, gate/up) for :func:`specviz.kernels.tune_linears`."""
+    H = model.hidden_size
+    with torch.inference_mode():
+        ctx = model.context_kv(torch.zeros(1, 2, len(model.target_layer_ids) * H), torch.arange(2))
+    x = torch.zeros(1, model.block_size, H)
+    return lambda: model.forward_block(x, ctx, 2)
+
+
 def tune_drafter_linears(model: DFlashDraftModel, target) -> None:
     """Measured oneDNN packed linears (:mod:`specviz.kernels`) for the drafter's layers and its
     draft-vocabulary head, where faster: the block forward runs B rows, the slow case of the
@@ -108,7 +118,7 @@ def tune_drafter_linears(model: DFlashDraftModel, target) -> None:
     from ..kernels import tune_linears
     p = next(model.parameters())
     if p.device.type == "cpu" and p.dtype == torch.float32:   # shapes the target timed: reused
-        tune_linears(model, target.kernels)
+        tune_linears(model, target.kernels, example=_block_example(model))
         if model.draft_vocab is not None:
             tune_linears(model.sub_head(target.model.get_output_embeddings()), target.kernels)
     model._kernels_tuned = True
