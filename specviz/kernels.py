@@ -266,25 +266,17 @@ def call_order(model: torch.nn.Module, example: Callable[[], object] | None = No
     return order, groups
 
 
-def _sweep_ms(units, rows: int, repeats: int = SWEEPS) -> dict[str, float]:
-    """Run ``units`` [(keys, fn(x), in_features)] in order, as a forward streams its weights; per
-    key the summed call time (ms), median over ``repeats`` sweeps after one warm-up sweep."""
-    xs = {i: torch.randn(rows, i) for i in {u[2] for u in units}}
-    keys = {k for u in units for k in u[0]}
-    totals: dict[str, list[float]] = {k: [] for k in keys}
-    with torch.inference_mode():
-        for s in range(repeats + 1):
-            acc = dict.fromkeys(keys, 0.0)
-            for ks, fn, i in units:
-                t0 = time.perf_counter()
-                fn(xs[i])
-                dt = time.perf_counter() - t0
-                for k in ks:
-                    acc[k] += dt
-            if s:
-                for k in keys:
-                    totals[k].append(acc[k])
-    return {k: 1000 * statistics.median(v) for k, v in totals.items()}
+def _sweep_s(units, xs) -> dict[str, float]:
+    """Run ``units`` [(keys, fn(x), in_features)] once, in order, as a forward streams its
+    weights; per key the summed call time (s)."""
+    acc: dict[str, float] = {}
+    for ks, fn, i in units:
+        t0 = time.perf_counter()
+        fn(xs[i])
+        dt = time.perf_counter() - t0
+        for k in ks:
+            acc[k] = acc.get(k, 0.0) + dt
+    return acc
 
 
 def _units(order, groups, packs, fused, kernel: str):
@@ -306,16 +298,25 @@ def _units(order, groups, packs, fused, kernel: str):
     return out
 
 
-def measure(order, groups, packs, fused) -> dict[str, dict[str, float]]:
-    """ms per forward of every shape (and group) of ``order`` under each kernel and row count."""
+def measure(order, groups, packs, fused, repeats: int = SWEEPS) -> dict[str, dict[str, float]]:
+    """ms per forward of every shape (and group) of ``order`` under each kernel and row count:
+    the median of ``repeats`` sweeps, the kernels and row counts interleaved within each repeat
+    (so a drift of the machine's speed hits them all alike), after one warm-up round."""
     kernels = ("plain", "packed", "fused") if groups else ("plain", "packed")
-    times: dict[str, dict[str, float]] = {}
-    for kernel in kernels:
-        units = _units(order, groups, packs, fused, kernel)
-        for rows in ROWS_PROBED:
-            for key, ms in _sweep_ms(units, rows).items():
-                times.setdefault(key, {})[f"{kernel}@{rows}"] = round(ms, 3)
-    return times
+    units = {k: _units(order, groups, packs, fused, k) for k in kernels}
+    ins = {m.in_features for m in order}
+    xs = {rows: {i: torch.randn(rows, i) for i in ins} for rows in ROWS_PROBED}
+    runs: dict[str, dict[str, list[float]]] = {}
+    with torch.inference_mode():
+        for rep in range(repeats + 1):
+            for kernel in kernels:
+                for rows in ROWS_PROBED:
+                    got = _sweep_s(units[kernel], xs[rows])
+                    for key, sec in got.items():
+                        if rep:
+                            runs.setdefault(key, {}).setdefault(f"{kernel}@{rows}", []).append(sec)
+    return {key: {name: round(1000 * statistics.median(v), 3) for name, v in t.items()}
+            for key, t in runs.items()}
 
 
 def tune_linears(model: torch.nn.Module, known: KernelChoice | None = None,
