@@ -235,7 +235,7 @@ def call_order(model: torch.nn.Module, example: Callable[[], object] | None = No
                ) -> tuple[list[torch.nn.Linear], list[list[torch.nn.Linear]]]:
     """(the fp32 CPU linears in the order ``example()`` -- one forward -- calls them, the sibling
     groups: consecutive calls on the very same input tensor, e.g. q/k/v and gate/up). Without
-    ``example``: module order and no groups."""
+    ``example`` (or when it fails): module order and no groups."""
     linears = _linears(model)
     if example is None:
         return linears, []
@@ -245,6 +245,8 @@ def call_order(model: torch.nn.Module, example: Callable[[], object] | None = No
     try:
         with torch.inference_mode():
             example()
+    except Exception:  # noqa: BLE001 - no traced order: module order and no groups (still safe)
+        return linears, []
     finally:
         for h in handles:
             h.remove()

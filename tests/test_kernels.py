@@ -93,6 +93,11 @@ def test_one_traced_forward_finds_the_call_order_and_the_sibling_groups():
         sorted(map(tuple, want), key=lambda g: order.index(g[0]))
     assert kernels.call_order(target.model)[1] == []    # no forward to trace: no groups
 
+    def broken():
+        raise RuntimeError("this model needs other inputs")
+    linears, groups = kernels.call_order(target.model, broken)
+    assert groups == [] and set(linears) == set(order)  # a failing trace: module order, no groups
+
 
 def test_fused_siblings_give_each_members_own_result_and_fall_back_when_they_must():
     target = make_tiny_target(seed=6)
