@@ -302,7 +302,9 @@ def _charts_section(view: Trace, sel: int, prefix: str) -> None:
             st.caption("Measured on the loaded model when the first run started, then refined "
                        "from every round's own verify forward. In float32 on a CPU the curve "
                        "is a step: one new token runs matrix-vector kernels, two or more run "
-                       "matrix-matrix kernels. In width-invariant bfloat16 every forward is "
+                       "matrix-matrix kernels; packed kernels with sibling linears fused (chosen "
+                       "by timing them at load: 'Target linears' below) make the step smaller. "
+                       "In width-invariant bfloat16 every forward is "
                        "padded to a few tokens and the curve is nearly flat. AdaPLD "
                        "(cost = auto) and DFlash (cut = auto) choose their draft length from "
                        "this curve.")
