@@ -184,10 +184,12 @@ def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return y.reshape(*x.shape[:-1], self.out_features)
 
 
-def install(module: torch.nn.Linear, bucket: list[str]) -> None:
-    """Make ``module`` dispatch through :func:`_forward` with a packed copy of its weight."""
+def install(module: torch.nn.Linear, bucket: list[str], packed: torch.Tensor | None = None) -> None:
+    """Make ``module`` dispatch through :func:`_forward` with a packed copy of its weight
+    (``packed``: already made, e.g. for timing)."""
     w = module.weight
-    _PACKS[module] = (pack(w), tuple(bucket), w.data_ptr(), w._version)
+    _PACKS[module] = (pack(w) if packed is None else packed, tuple(bucket), w.data_ptr(),
+                      w._version)
     module.forward = types.MethodType(_forward, module)
 
 
@@ -335,12 +337,13 @@ def tune_linears(model: torch.nn.Module, known: KernelChoice | None = None,
     if not available():
         return choice
     order, groups = call_order(model, example)
-    packs = {m: pack(m.weight) for m in order}
-    fused = [fused_group(g) for g in groups]
     todo = [m for m in order if shape_key(m) not in choice.times_ms]
+    packs, fused = {}, {}      # made only to time what is new; reused when installed
     if todo:
-        gtodo = [(g, f) for g, f in zip(groups, fused) if group_key(g) not in choice.times_ms]
-        times = measure(todo, [g for g, _ in gtodo], packs, [f for _, f in gtodo])
+        gtodo = [i for i, g in enumerate(groups) if group_key(g) not in choice.times_ms]
+        packs = {m: pack(m.weight) for m in todo}
+        fused = {i: fused_group(groups[i]) for i in gtodo}
+        times = measure(todo, [groups[i] for i in gtodo], packs, [fused[i] for i in gtodo])
         choice.times_ms.update(times)
         for key, t in times.items():
             if key.startswith("fused:"):
@@ -352,21 +355,19 @@ def tune_linears(model: torch.nn.Module, known: KernelChoice | None = None,
     return choice
 
 
-def _install_choice(choice: KernelChoice, order, groups, packs, fused) -> None:
+def _install_choice(choice: KernelChoice, order, groups, packs: dict, fused: dict) -> None:
     """Install the measured choice: fused groups first, then single packed linears where the
-    group does not already cover the bucket."""
+    group does not already cover the bucket (packing what timing did not already pack)."""
     covered: dict = {}
-    for g, f in zip(groups, fused):
+    for i, g in enumerate(groups):
         bucket = choice.fused.get(group_key(g)) or []
         if bucket:
-            install_group(g, bucket, f)
+            install_group(g, bucket, fused.get(i))
             covered.update({m: set(bucket) for m in g})
             choice.groups += 1
     for m in order:
         bucket = [b for b in choice.packed.get(shape_key(m)) or [] if b not in covered.get(m, ())]
         if bucket:
-            w = m.weight
-            _PACKS[m] = (packs[m], tuple(bucket), w.data_ptr(), w._version)
-            m.forward = types.MethodType(_forward, m)
+            install(m, bucket, packs.get(m))
         if bucket or m in covered:
             choice.modules += 1
