@@ -206,6 +206,32 @@ def test_draft_vocabulary_round_trip_and_restriction(tmp_path, tiny_target):
             make_drafter("dflash", tiny_target, checkpoint=str(bf))
 
 
+def test_greedy_draft_scores_only_the_draft_vocabulary(tiny_target):
+    """The greedy path's softmax over the draft-vocabulary columns gives the very draft,
+    confidence and top-k that the softmax over the whole vocabulary (-inf elsewhere) gives."""
+    from specviz.drafters.base import DraftContext
+
+    m = new_dflash_for_target(tiny_target, num_layers=1, block_size=5, seed=7)
+    m.draft_vocab = torch.arange(1, tiny_target.model.config.vocab_size, 2)
+    d = make_drafter("dflash", tiny_target, model=m, cut="off")
+    rng = random.Random(3)
+    for _ in range(3):
+        ids = random_prompt(rng, tiny_target.model.config.vocab_size)
+        with torch.inference_mode():
+            out = tiny_target.model(input_ids=torch.tensor([ids[:-1]]), output_hidden_states=True)
+        d.begin(tiny_target, ids, out.hidden_states)
+        draft = d.propose(DraftContext(tokens=ids, prompt_len=len(ids), max_draft=8,
+                                            round_index=0))
+        probs = torch.softmax(d.block_logits(ids), -1)
+        conf, top = probs.max(-1)
+        tk_p, tk_i = probs.topk(4, -1)
+        assert draft.tokens == top.tolist()
+        assert draft.extras["confidence"] == pytest.approx(conf.tolist(), abs=1e-5)
+        assert draft.extras["topk"] == tk_i.tolist()
+        assert torch.allclose(torch.tensor(draft.extras["topk_p"]), tk_p, atol=2e-3)
+        assert set(draft.tokens) <= set(m.draft_vocab.tolist())
+
+
 # ----------------------------------------------------------------------------- lossless
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
 def test_greedy_lossless_and_cache_consistent(kind, tiny_target, qwen3_target):
