@@ -32,6 +32,23 @@ def test_ar_session_equals_hf_generate(tiny_target):
         assert tr.tau == 1.0 and tr.target_forwards == len(tr.output_ids)
 
 
+def test_prefill_computes_only_the_last_rows_logits(tiny_target):
+    """Nobody reads the prefill's logits: the LM head runs on its last row only (the hidden
+    states a drafter needs are all there), and output is unchanged (the test above)."""
+    seen = []
+    hook = tiny_target.model.register_forward_hook(
+        lambda mod, args, kwargs, out: seen.append((kwargs["input_ids"].shape[1],
+                                                    kwargs.get("logits_to_keep"),
+                                                    out.logits.shape[1])), with_kwargs=True)
+    try:
+        tr = generate(tiny_target, "ar", list(range(3, 20)), DecodeSettings(max_new_tokens=3))
+    finally:
+        hook.remove()
+    assert seen[0] == (16, 1, 1)                          # prefill: 16 rows, one row of logits
+    assert all(k is None and n == w for w, k, n in seen[1:]) and len(seen) == 4
+    assert tr.output_ids == _hf_greedy(tiny_target, list(range(3, 20)), 3)
+
+
 def test_pld_greedy_lossless_on_many_random_prompts(tiny_target):
     rng = random.Random(1)
     accepted_total = 0
