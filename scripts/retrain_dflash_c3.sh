@@ -33,3 +33,14 @@ python -m specviz train dflash --rollouts runs/eval-rollouts --prefill runs/c3-g
 # 4. exact offline comparison on all 88 held-out rollouts
 python -m specviz eval --drafters dflash:$PREV,dflash:runs/dflash-c3 --rollouts runs/eval-rollouts \
   --out results/dflash_c3_eval
+# 5. bundle it and retrain the ReTrace fusion on it (~11 min; the step-40 checkpoint is bundled)
+if [ "${BUNDLE:-0}" = 1 ]; then
+  cp runs/dflash-c3/{config.json,model.safetensors,train_log.jsonl} \
+    specviz/weights/dflash-smollm2-135m-instruct/
+  python -m specviz train retrace --data runs/c3-gsm --data runs/c3-sb --data runs/c3-mbpp \
+    --eval runs/eval-rollouts --out runs/retrace-c3 \
+    $( [ -f runs/retrace-c3/train_state.pt ] && echo --resume ) \
+    --steps 40 --batch-size 4 --anchors-per-seq 12 --lr 1e-4 --eval-every 10 --eval-sequences 32
+  cp runs/retrace-c3/{config.json,model.safetensors,train_log.jsonl} \
+    specviz/weights/retrace-smollm2-135m-instruct/
+fi

@@ -9,7 +9,6 @@ and crops the cache to the committed length (for a tree: gathers the accepted pa
 """
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable
@@ -22,7 +21,7 @@ from .costs import cached_model
 from .drafters.base import Draft, DraftContext, Drafter, VerifyFeedback, clip_draft
 from .errors import PromptError, SettingsError
 from .kvcache import cache_kwarg, cache_len, keep_rows
-from .models import Target
+from .models import Target, accepts_logits_to_keep
 from .numerics import first_branch_only, pad_tree_inputs, padded
 from .trace import Round, Trace
 from .tree import TokenTree
@@ -303,15 +302,6 @@ class Session:
         }
         return Trace(meta=meta, prompt_ids=list(self.prompt_ids), rounds=list(self.rounds),
                      token_texts=token_texts)
-
-
-def accepts_logits_to_keep(model) -> bool:
-    """Whether ``model.forward`` takes transformers' ``logits_to_keep`` (LM head on the last
-    rows only); remote-code or older models may not."""
-    try:
-        return "logits_to_keep" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _id_rows(rows) -> list[list[int]]:

@@ -35,6 +35,7 @@ from typing import Callable, Iterable
 import torch
 
 from ..errors import SettingsError, SpecvizError
+from ..models import accepts_logits_to_keep
 
 META_NAME = "meta.json"
 MANIFEST_NAME = "manifest.jsonl"
@@ -119,9 +120,11 @@ def generate_batch(target, prompts: list[list[int]], max_new_tokens: int, layer_
     cache = DynamicCache(config=model.config)
     ck = _cache_kwarg(model)
 
-    def forward(inp, msk, p):
+    last_only = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
+
+    def forward(inp, msk, p):   # only the last row's logits are read (the next token)
         return model(input_ids=inp.to(dev), attention_mask=msk.to(dev), position_ids=p.to(dev),
-                     use_cache=True, output_hidden_states=True, **{ck: cache})
+                     use_cache=True, output_hidden_states=True, **{ck: cache}, **last_only)
 
     def feats(out) -> torch.Tensor:  # [b, t, k*H] on CPU in the storage dtype
         return torch.cat([out.hidden_states[i] for i in taps], -1).to("cpu", store_dtype)
