@@ -33,7 +33,8 @@ e.g. ``z-lab/Qwen3-8B-DFlash-b16``; loaded WITHOUT ``trust_remote_code``, strict
 
 Bundled drafter: ``specviz/weights/dflash-smollm2-135m-instruct`` was trained by
 ``python -m specviz train rollouts`` + ``train dflash`` (README) for the embedded target and
-then continued on more greedy rollouts (``scripts/retrain_dflash.sh``); it is used when
+then continued three times on more greedy rollouts (``scripts/retrain_dflash.sh``,
+``retrain_dflash_store.sh``, ``retrain_dflash_c3.sh``); it is used when
 ``checkpoint`` is left empty and the target is SmolLM2-135M-Instruct.
 
 Modules: the torch model in :mod:`.dflash_model`, checkpoints (published layout, bundled
