@@ -19,11 +19,13 @@ R="python -m specviz train rollouts --max-new-tokens 128 --batch-size 24 --holdo
 $R --data $D/gsm8k_train.jsonl:5800 --exclude $D/gsm8k_train.jsonl:4600 --out runs/c3-gsm
 $R --data $D/spec_bench_dev.jsonl:60 --exclude $D/spec_bench_dev.jsonl:28 --out runs/c3-sb
 $R --data $D/mbpp.jsonl:180 --exclude $D/mbpp.jsonl:30 --out runs/c3-mbpp
-# 3. continue the bundled drafter (as committed at HEAD when the run started)
+# 3. continue the drafter bundled before this step (commit 44967fb, restored from git)
 PREV=runs/dflash-c2
 if [ ! -f $PREV/model.safetensors ]; then
   mkdir -p $PREV
-  cp specviz/weights/dflash-smollm2-135m-instruct/{config.json,model.safetensors} $PREV/
+  for f in config.json model.safetensors; do
+    git show 44967fb:specviz/weights/dflash-smollm2-135m-instruct/$f > $PREV/$f
+  done
 fi
 python -m specviz train dflash --rollouts runs/eval-rollouts --prefill runs/c3-gsm \
   --prefill runs/c3-sb --prefill runs/c3-mbpp \
