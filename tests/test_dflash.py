@@ -215,14 +215,14 @@ def test_greedy_draft_scores_only_the_draft_vocabulary(tiny_target):
     m.draft_vocab = torch.arange(1, tiny_target.model.config.vocab_size, 2)
     d = make_drafter("dflash", tiny_target, model=m, cut="off")
     rng = random.Random(3)
-    for _ in range(3):
+    for max_draft in (8, 2, 3):    # the whole block, and shorter budgets (head over k slots)
         ids = random_prompt(rng, tiny_target.model.config.vocab_size)
         with torch.inference_mode():
             out = tiny_target.model(input_ids=torch.tensor([ids[:-1]]), output_hidden_states=True)
         d.begin(tiny_target, ids, out.hidden_states)
-        draft = d.propose(DraftContext(tokens=ids, prompt_len=len(ids), max_draft=8,
+        draft = d.propose(DraftContext(tokens=ids, prompt_len=len(ids), max_draft=max_draft,
                                             round_index=0))
-        probs = torch.softmax(d.block_logits(ids), -1)
+        probs = torch.softmax(d.block_logits(ids), -1)[:min(max_draft, 4)]
         conf, top = probs.max(-1)
         tk_p, tk_i = probs.topk(4, -1)
         assert draft.tokens == top.tolist()
@@ -271,13 +271,13 @@ def test_drafter_that_knows_the_answer_is_accepted(monkeypatch, tiny_target):
         drafter = DFlashDrafter(target, model=new_dflash_for_target(target, block_size=6, seed=i),
                                 cut="off")
 
-        def oracle(tokens, _d=drafter, _truth=truth):
+        def oracle(tokens, k, _d=drafter, _truth=truth):
             nxt = _truth[len(tokens):len(tokens) + _d.block_size - 1]
             logits = torch.full((_d.block_size - 1, 64), -10.0)
             logits[torch.arange(len(nxt)), torch.tensor(nxt)] = 10.0
-            return logits
+            return logits[:k], None
 
-        monkeypatch.setattr(drafter, "block_logits", oracle)
+        monkeypatch.setattr(drafter, "greedy_scores", oracle)
         sess = Session(target, drafter, ids, s)
         while sess.step() is not None:
             assert drafter.context_len == len(sess.tokens) - 1

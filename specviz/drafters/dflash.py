@@ -130,6 +130,8 @@ class DFlashDrafter(Drafter):
     """DFlash behind the engine's Drafter interface (see the module docstring)."""
 
     name = "dflash"
+    #: True where ``draft_logits`` drafts left to right itself (DSpark's chains)
+    chains = False
 
     def __init__(self, target=None, checkpoint: str | Path | None = None,
                  model: DFlashDraftModel | None = None, block_size: int | None = None,
@@ -287,6 +289,19 @@ class DFlashDrafter(Drafter):
         them itself -- left to right, as DSpark does -- else None: argmax / sampling follow)."""
         return self.block_logits(tokens)[:k].cpu(), None
 
+    def greedy_scores(self, tokens: list[int], k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The greedy path's logits: (scores [k, C] of slots 1..k, float32 on the CPU; the word
+        id of each column, or None when the columns are the whole vocabulary). With a draft
+        vocabulary every other word's logit is -inf, so its columns alone give the same softmax,
+        argmax and top-k without building a [k, 49k] tensor (one drafter forward, head over k
+        slots only)."""
+        head = self.target.model.get_output_embeddings()
+        with self.target.lock, torch.inference_mode():
+            h = self.block_hidden(tokens)[:k]
+            scores = self.model.draft_scores(h, head, None).float().cpu()
+        dv = self.model.draft_vocab
+        return scores, None if dv is None else dv.to(scores.device)
+
     def _empty_kv(self):
         a = self.model.layers[0].self_attn
         z = torch.zeros(1, a.n_kv, 0, a.head_dim, device=self.device, dtype=self.dtype)
@@ -306,9 +321,13 @@ class DFlashDrafter(Drafter):
             extras["cut"] = {"kept": 0, "block": k, "paused": True,
                              **self._gate_state(drafted=False)}
             return Draft(extras=extras)   # paused: a plain decoding step, no drafter forward
-        logits, chain = self.draft_logits(list(ctx.tokens), k)
-        probs, words = self._slot_probs(logits, full=chain is not None or
-                                        self.draft_temperature > 0)
+        logits, chain, words = None, None, None
+        if self.draft_temperature > 0 or self.chains:
+            logits, chain = self.draft_logits(list(ctx.tokens), k)
+            probs = torch.softmax(logits, dim=-1)
+        else:   # greedy: scores over the draft vocabulary's columns only (greedy_scores)
+            scores, words = self.greedy_scores(list(ctx.tokens), k)
+            probs = torch.softmax(scores, dim=-1)
         conf, top = probs.max(-1)
         if words is not None:
             top = words[top]
@@ -323,7 +342,8 @@ class DFlashDrafter(Drafter):
                              "block_confidence": [round(c, 3) for c in block_conf],
                              "value": [round(v, 3) for v in value],
                              **self._gate_state(drafted=True)}
-            logits, conf, top = logits[:kept], conf[:kept], top[:kept]
+            conf, top = conf[:kept], top[:kept]
+            logits = None if logits is None else logits[:kept]
             if kept == 0:
                 return Draft(extras=extras)
         extras["confidence"] = [round(float(c), 6) for c in conf]
@@ -341,18 +361,6 @@ class DFlashDrafter(Drafter):
                          q_token=[round(float(x), 6) for x in q_token], extras=extras)
         return Draft(tokens=[int(t) for t in top], q=None,
                      q_token=[round(float(c), 6) for c in conf], extras=extras)
-
-    def _slot_probs(self, logits: torch.Tensor, full: bool = False
-                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(the slots' probabilities, the word id of each column or None when the columns are
-        the whole vocabulary). With a draft vocabulary every other word's logit is -inf, so the
-        softmax over its columns alone is the same distribution at a fifth of the cost (the
-        greedy path); ``full`` keeps all columns (sampled drafts and DSpark's chains need them)."""
-        dv = self.model.draft_vocab
-        if full or dv is None:
-            return torch.softmax(logits, dim=-1), None
-        words = dv.to(logits.device)
-        return torch.softmax(logits.index_select(-1, words), dim=-1), words
 
     def _gate_state(self, drafted: bool) -> dict[str, Any]:
         """The forward gate's rate when this round was decided, and whether a drafted round is a

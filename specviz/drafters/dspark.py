@@ -93,6 +93,7 @@ class DSparkDrafter(DFlashDrafter):
     """DFlash + Markov head, the block drafted left to right (module docstring)."""
 
     name = "dspark"
+    chains = True
 
     def __init__(self, target=None, checkpoint: str | Path | None = None,
                  model: DFlashDraftModel | None = None, block_size: int | None = None,
