@@ -31,26 +31,52 @@ def tapped_features(hidden_states, layers: Sequence[int],
 
 
 class ContextCache:
-    """Tensors with one entry per committed context position along ``seq_dim``."""
+    """Tensors with one entry per committed context position along ``seq_dim``.
+
+    Stored in buffers with spare room (capacity doubles when full), so appending a round's few
+    rows writes them in place instead of copying the whole cache every round; ``tensors`` are
+    views of the first ``len(self)`` positions, valid until the next ``append`` / ``crop``."""
 
     def __init__(self, seq_dim: int = 2):
         self.seq_dim = seq_dim
-        self.tensors: list[torch.Tensor] = []
+        self._store: list[torch.Tensor] = []
+        self._n = 0
 
     def __len__(self) -> int:
-        return int(self.tensors[0].shape[self.seq_dim]) if self.tensors else 0
+        return self._n
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        return [t.narrow(self.seq_dim, 0, self._n) for t in self._store]
+
+    @property
+    def capacity(self) -> int:
+        return int(self._store[0].shape[self.seq_dim]) if self._store else 0
 
     def reset(self) -> None:
-        self.tensors = []
+        self._store, self._n = [], 0
 
     def crop(self, n: int) -> None:
         """Keep the first ``n`` positions."""
-        if self.tensors and len(self) > n:
-            self.tensors = [t.narrow(self.seq_dim, 0, n) for t in self.tensors]
+        self._n = max(0, min(self._n, int(n)))
 
     def append(self, new: Sequence[torch.Tensor]) -> None:
         """Append the next positions (one tensor per cached stream, same order every time)."""
-        if not self.tensors:
-            self.tensors = list(new)
-        else:
-            self.tensors = [torch.cat([a, b], self.seq_dim) for a, b in zip(self.tensors, new)]
+        new = list(new)
+        t = int(new[0].shape[self.seq_dim])
+        if self._n + t > self.capacity:
+            self._grow(new, max(2 * self.capacity, self._n + t, 64))
+        for buf, x in zip(self._store, new):
+            buf.narrow(self.seq_dim, self._n, t).copy_(x)
+        self._n += t
+
+    def _grow(self, like: Sequence[torch.Tensor], capacity: int) -> None:
+        store = []
+        for i, x in enumerate(like):
+            shape = list(x.shape)
+            shape[self.seq_dim] = capacity
+            buf = x.new_empty(shape)
+            if self._store and self._n:
+                buf.narrow(self.seq_dim, 0, self._n).copy_(self._store[i].narrow(self.seq_dim, 0, self._n))
+            store.append(buf)
+        self._store = store

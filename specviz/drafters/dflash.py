@@ -91,6 +91,10 @@ PARAMS = params_by_name(
                    "verifies with rejection sampling)."),
     ParamSpec("seed", int, 0, range=(0, 2 ** 32 - 1), label="Drafter seed",
               help="Seeds the drafter's own sampler (draft temperature > 0)."),
+    ParamSpec("weights", str, "auto", choices=("auto", "int8", "float"), label="Drafter weights",
+              help="auto = int8 linears where measured faster at load (a float32 drafter on a "
+                   "CPU: its forward is bound by reading weights); float = the checkpoint's "
+                   "own dtype. Either way the target verifies, so output is unchanged."),
     ParamSpec("cut", str, "auto", choices=("auto", "block", "off"), label="Cut the block",
               help="auto = verify only the prefix of the block whose expected accepted tokens "
                    "pay for the longer verify (measured cost model, calibrated confidence), "
@@ -125,6 +129,20 @@ def tune_drafter_linears(model: DFlashDraftModel, target) -> None:
     model._kernels_tuned = True
 
 
+def _runtime_weights(model: DFlashDraftModel, target, weights: str
+                     ) -> tuple[DFlashDraftModel, str]:
+    """(the model the drafter runs, "int8" or "float"): the int8 copy where asked for, or with
+    ``auto`` where it is measured faster on this machine (:mod:`specviz.drafters.int8`)."""
+    from . import int8
+
+    if weights == "float" or not int8.available(model):
+        return model, "float"
+    head = target.model.get_output_embeddings()
+    if weights == "int8" or int8.faster(model, head):
+        return int8.int8_copy(model, head), "int8"
+    return model, "float"
+
+
 # --------------------------------------------------------------------------- the drafter
 class DFlashDrafter(Drafter):
     """DFlash behind the engine's Drafter interface (see the module docstring)."""
@@ -136,7 +154,7 @@ class DFlashDrafter(Drafter):
     def __init__(self, target=None, checkpoint: str | Path | None = None,
                  model: DFlashDraftModel | None = None, block_size: int | None = None,
                  draft_temperature: float = 0.0, seed: int = 0, dtype: str | torch.dtype | None = None,
-                 device: str | None = None, cut: str = "auto"):
+                 device: str | None = None, cut: str = "auto", weights: str = "auto"):
         if target is None:
             raise SettingsError("dflash needs the target model (make_drafter('dflash', target, ...))")
         if checkpoint is not None:
@@ -145,6 +163,7 @@ class DFlashDrafter(Drafter):
         block_size = PARAMS["block_size"].check(None if block_size == "" else block_size)
         seed = PARAMS["seed"].check(seed)
         self.cut_mode = PARAMS["cut"].check(cut)
+        weights = PARAMS["weights"].check(weights)
         self.cut: BlockCut | None = None
         self._last_cut: tuple[list[float], int] | None = None
         if model is None:
@@ -168,6 +187,8 @@ class DFlashDrafter(Drafter):
         _check_compatible(model, target)
         if getattr(target, "kernels", None) is not None:   # the target's linears were tuned:
             tune_drafter_linears(model, target)            # the drafter's too (once per model)
+        self.weights_setting = weights
+        model, self.weights = _runtime_weights(model, target, weights)
         ckpt_b = int(model.block_size)
         b = block_size or ckpt_b
         if not 2 <= b <= ckpt_b:
@@ -235,7 +256,7 @@ class DFlashDrafter(Drafter):
         pos = torch.arange(start, start + feats.shape[1])
         with torch.inference_mode():
             new = self.model.context_kv(feats, pos)
-        self._ctx.append([t for kv in new for t in kv])
+            self._ctx.append([t for kv in new for t in kv])
 
     def _context_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         self._flush()
@@ -390,7 +411,8 @@ class DFlashDrafter(Drafter):
                 "num_layers": len(self.model.layers), "draft_temperature": self.draft_temperature,
                 "mask": "learned" if self.model.learned_mask else int(self.model.mask_token_id),
                 "draft_vocab_size": None if self.model.draft_vocab is None
-                else int(self.model.draft_vocab.numel()), "cut": self.cut_mode}
+                else int(self.model.draft_vocab.numel()), "cut": self.cut_mode,
+                "weights": self.weights_setting, "weights_in_use": self.weights}
 
 
 SPECS = (MethodSpec("dflash", DFlashDrafter, "DFlash", "DFlash: block-diffusion drafter on the "

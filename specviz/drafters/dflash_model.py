@@ -92,12 +92,9 @@ class DFlashAttention(nn.Module):
         k, v = self.kv(x, cos, sin)
         k = torch.cat([ctx_k, k], dim=2)
         v = torch.cat([ctx_v, v], dim=2)
-        rep = self.n_heads // self.n_kv
-        if rep > 1:
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=False,
-                                             scale=self.head_dim ** -0.5)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=False,   # GQA: no K/V copies
+                                             scale=self.head_dim ** -0.5,
+                                             enable_gqa=self.n_heads != self.n_kv)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 

@@ -130,11 +130,8 @@ def forward_blocks(model: DFlashDraftModel, x: torch.Tensor, anchors: torch.Tens
         k, v = attn.kv(h, cos, sin)
         k = torch.cat([ck.expand(K, -1, -1, -1), k], 2)
         v = torch.cat([cv.expand(K, -1, -1, -1), v], 2)
-        rep = attn.n_heads // attn.n_kv
-        if rep > 1:
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.head_dim ** -0.5)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.head_dim ** -0.5,
+                                           enable_gqa=attn.n_heads != attn.n_kv)
         x = x + attn.o_proj(o.transpose(1, 2).reshape(K, B, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     return model.norm(x)
