@@ -33,9 +33,14 @@ e.g. ``z-lab/Qwen3-8B-DFlash-b16``; loaded WITHOUT ``trust_remote_code``, strict
 
 Bundled drafter: ``specviz/weights/dflash-smollm2-135m-instruct`` was trained by
 ``python -m specviz train rollouts`` + ``train dflash`` (README) for the embedded target and
-then continued three times on more greedy rollouts (``scripts/retrain_dflash.sh``,
-``retrain_dflash_store.sh``, ``retrain_dflash_c3.sh``); it is used when
-``checkpoint`` is left empty and the target is SmolLM2-135M-Instruct.
+then continued four times on more greedy rollouts (``scripts/retrain_dflash.sh``,
+``retrain_dflash_store.sh``, ``retrain_dflash_c3.sh``, ``retrain_dflash_c4.sh``); it is used
+when ``checkpoint`` is left empty and the target is SmolLM2-135M-Instruct.
+
+Weights at run time (``weights``): on a CPU a float32 drafter's forward is bound by reading
+its weights, so by default the decoder layers and the draft-vocabulary head run as int8 copies
+where that is measured faster at load (:mod:`specviz.drafters.int8`); the target still verifies
+every token, so output is unchanged.
 
 Modules: the torch model in :mod:`.dflash_model`, checkpoints (published layout, bundled
 drafters, warm start) in :mod:`.dflash_checkpoint`; this module is the drafter (names of both
