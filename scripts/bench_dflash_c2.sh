@@ -11,8 +11,10 @@ D=${SPECVIZ_DATA:-../shared/data}
 OUT=${1:-results/bench_dflash_c2}
 PREV=${PREV:-runs/dflash-c1}
 METHODS=${METHODS:-ar,pld,adapld,dflash@prev,dflash,retrace}
-python -m specviz bench --methods "$METHODS" \
-  --params "{\"dflash@prev\": {\"checkpoint\": \"$PREV\"}}" \
+# PARAMS (JSON) replaces the per-method settings, e.g. to add a float-weights DFlash:
+# PARAMS='{"dflash@prev": {"checkpoint": "runs/dflash-c3"}, "dflash@float": {"weights": "float"}}'
+PARAMS=${PARAMS:-"{\"dflash@prev\": {\"checkpoint\": \"$PREV\"}}"}
+python -m specviz bench --methods "$METHODS" --params "$PARAMS" \
   --data $D/spec_bench_dev.jsonl:10 --data $D/gsm8k_train.jsonl:30 --data $D/mbpp.jsonl:30 \
   --data $D/alpaca_seed_tasks.jsonl:25 --max-new-tokens 64 --out "$OUT" --save-traces
 python -m specviz align "$OUT/traces" --out "$OUT/alignment.csv"
