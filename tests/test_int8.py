@@ -60,9 +60,10 @@ def test_int8_drafter_is_greedy_lossless(tiny_target):
 def test_auto_keeps_small_drafters_float_and_bad_values_fail(tiny_target):
     model = new_dflash_for_target(tiny_target, num_layers=1, block_size=4, seed=0)
     assert int8.layer_params(model) < int8.MIN_PARAMS
-    d = DFlashDrafter(tiny_target, model=model)
+    d = DFlashDrafter(tiny_target, model=model, weights="auto")
     assert d.weights == "float" and not _quantized(d.model)
     assert d.config()["weights"] == "auto" and d.config()["weights_in_use"] == "float"
+    assert DFlashDrafter(tiny_target, model=model).config()["weights"] == "float"   # default
     assert DFlashDrafter(tiny_target, model=model, weights="float").weights == "float"
     with pytest.raises(SettingsError):
         DFlashDrafter(tiny_target, model=model, weights="int4")

@@ -38,9 +38,11 @@ then continued four times on more greedy rollouts (``scripts/retrain_dflash.sh``
 when ``checkpoint`` is left empty and the target is SmolLM2-135M-Instruct.
 
 Weights at run time (``weights``): on a CPU a float32 drafter's forward is bound by reading
-its weights, so by default the decoder layers and the draft-vocabulary head run as int8 copies
-where that is measured faster at load (:mod:`specviz.drafters.int8`); the target still verifies
-every token, so output is unchanged.
+its weights; ``weights="int8"`` (or ``"auto"``: where measured faster at load) runs int8 copies
+of the decoder layers and the draft-vocabulary head (:mod:`specviz.drafters.int8`). The target
+still verifies every token, so output is unchanged; but int8 activations are quantized per call
+over the whole batch, so an offline replay (one forward over a stored text) no longer drafts
+exactly what the live run drafted, and the default stays ``float``.
 
 Modules: the torch model in :mod:`.dflash_model`, checkpoints (published layout, bundled
 drafters, warm start) in :mod:`.dflash_checkpoint`; this module is the drafter (names of both
@@ -96,10 +98,12 @@ PARAMS = params_by_name(
                    "verifies with rejection sampling)."),
     ParamSpec("seed", int, 0, range=(0, 2 ** 32 - 1), label="Drafter seed",
               help="Seeds the drafter's own sampler (draft temperature > 0)."),
-    ParamSpec("weights", str, "auto", choices=("auto", "int8", "float"), label="Drafter weights",
-              help="auto = int8 linears where measured faster at load (a float32 drafter on a "
-                   "CPU: its forward is bound by reading weights); float = the checkpoint's "
-                   "own dtype. Either way the target verifies, so output is unchanged."),
+    ParamSpec("weights", str, "float", choices=("float", "int8", "auto"), label="Drafter weights",
+              help="float = the checkpoint's own dtype; int8 = int8 decoder layers and head (a "
+                   "float32 drafter on a CPU reads its weights faster; activations are quantized "
+                   "per call, so offline replay of such a drafter is not exact); auto = int8 "
+                   "where measured faster at load. The target verifies either way: output is "
+                   "unchanged."),
     ParamSpec("cut", str, "auto", choices=("auto", "block", "off"), label="Cut the block",
               help="auto = verify only the prefix of the block whose expected accepted tokens "
                    "pay for the longer verify (measured cost model, calibrated confidence), "
@@ -159,7 +163,7 @@ class DFlashDrafter(Drafter):
     def __init__(self, target=None, checkpoint: str | Path | None = None,
                  model: DFlashDraftModel | None = None, block_size: int | None = None,
                  draft_temperature: float = 0.0, seed: int = 0, dtype: str | torch.dtype | None = None,
-                 device: str | None = None, cut: str = "auto", weights: str = "auto"):
+                 device: str | None = None, cut: str = "auto", weights: str = "float"):
         if target is None:
             raise SettingsError("dflash needs the target model (make_drafter('dflash', target, ...))")
         if checkpoint is not None:

@@ -99,7 +99,7 @@ class DSparkDrafter(DFlashDrafter):
                  model: DFlashDraftModel | None = None, block_size: int | None = None,
                  draft_temperature: float = 0.0, seed: int = 0,
                  dtype: str | torch.dtype | None = None, device: str | None = None,
-                 cut: str = "auto", weights: str = "auto"):
+                 cut: str = "auto", weights: str = "float"):
         if target is not None and (checkpoint is None or not str(checkpoint).strip()) \
                 and model is None:
             checkpoint = bundled_checkpoint(target, BUNDLED)

@@ -223,7 +223,7 @@ class ReTraceDrafter(DFlashDrafter):
                  backbone: str | None = None, fusion: ReTraceFusion | None = None,
                  gate: str = "learned", model=None, block_size: int | None = None,
                  draft_temperature: float = 0.0, seed: int = 0, cut: str = "auto",
-                 dtype=None, device: str | None = None, weights: str = "auto"):
+                 dtype=None, device: str | None = None, weights: str = "float"):
         if target is None:
             raise SettingsError("retrace needs the target model")
         self.gate_off = PARAMS["gate"].check(gate) == "off"
