@@ -18,6 +18,7 @@ drafters share it) and is built once per float model.
 """
 from __future__ import annotations
 
+import copy
 import time
 import warnings
 
@@ -62,18 +63,9 @@ def int8_copy(model: DFlashDraftModel, head: nn.Module) -> DFlashDraftModel:
     if q.draft_vocab is not None:   # the head's rows the drafter scores, quantized too
         sub = model.sub_head(head)
         q._sub_head = (head.weight, q.draft_vocab.to(head.weight.device), head.weight.dtype,
-                       _quantize(nn.Sequential(_copy_linear(sub)))[0])
+                       _quantize(nn.Sequential(copy.deepcopy(sub)))[0])
     model._int8 = (*stamp, q)
     return q
-
-
-def _copy_linear(lin: nn.Linear) -> nn.Linear:
-    out = nn.Linear(lin.in_features, lin.out_features, bias=lin.bias is not None)
-    with torch.no_grad():
-        out.weight.copy_(lin.weight)
-        if lin.bias is not None:
-            out.bias.copy_(lin.bias)
-    return out
 
 
 def block_ms(model: DFlashDraftModel, head: nn.Module, repeats: int = 7) -> float:
