@@ -1,11 +1,12 @@
 """Drafting strategies behind one interface (see :mod:`specviz.drafters.base`)."""
 from __future__ import annotations
 
-from . import adapld, dflash, dspark, pld, retrace
+from . import adapld, dflash, dspark, hybrid, pld, retrace
 from .adapld import AdaPLDDrafter
 from .base import ARDrafter, Draft, DraftContext, Drafter, VerifyFeedback
 from .dflash import DFlashDrafter
 from .dspark import DSparkDrafter
+from .hybrid import HybridDrafter
 from .pld import PLDDrafter
 from .retrace import ReTraceDrafter
 from .registry import MethodSpec, ParamSpec, lookup, registry
@@ -20,6 +21,7 @@ METHODS: dict[str, MethodSpec] = registry(
     *dflash.SPECS,
     *dspark.SPECS,
     *retrace.SPECS,
+    *hybrid.SPECS,
 )
 
 
@@ -46,5 +48,5 @@ def methods_of(factory) -> tuple[str, ...]:
 
 
 __all__ = ["ARDrafter", "Draft", "DraftContext", "Drafter", "VerifyFeedback", "PLDDrafter",
-           "AdaPLDDrafter", "DFlashDrafter", "DSparkDrafter", "ReTraceDrafter", "METHODS", "MethodSpec", "ParamSpec", "make_drafter",
+           "AdaPLDDrafter", "DFlashDrafter", "DSparkDrafter", "ReTraceDrafter", "HybridDrafter", "METHODS", "MethodSpec", "ParamSpec", "make_drafter",
            "method_spec", "methods_of", "register"]

@@ -86,10 +86,12 @@ class BlockCut:
             out.append(out[-1] + surv)
         return out
 
-    def choose(self, confidence: Sequence[float]) -> tuple[int, list[float]]:
-        """(slots to keep, expected committed tokens per unit of cost for each k)."""
+    def choose(self, confidence: Sequence[float], base: int = 0) -> tuple[int, list[float]]:
+        """(slots to keep, expected committed tokens per unit of cost for each k). ``base``
+        other draft nodes share the verify forward (a hybrid's lookup tree): the block's k
+        slots then cost c(base + k + 1), i.e. only the curve's slope past the step."""
         e = self.expected(confidence)
-        value = [(1.0 + e[k]) / (self.cost.relative(k + 1) + self.draft_cost)
+        value = [(1.0 + e[k]) / (self.cost.relative(base + k + 1) + self.draft_cost)
                  for k in range(len(e))]
         best = max(range(len(value)), key=lambda k: (value[k], -k))
         return best, value
@@ -99,8 +101,12 @@ class BlockCut:
         return self.gate is None or self.gate.wants(round_index)
 
     def observe(self, confidence: Sequence[float], kept: int, accepted: int,
-                draft_s: float = 0.0, round_index: int = 0, committed: int | None = None) -> None:
-        """Learn from a verified round: slots 1..accepted+1 of the kept prefix were reached."""
+                draft_s: float = 0.0, round_index: int = 0, committed: int | None = None,
+                gate_cost: float | None = None) -> None:
+        """Learn from a verified round: slots 1..accepted+1 of the kept prefix were reached.
+        The gate is told the round committed ``committed`` tokens (default accepted + 1) at
+        ``gate_cost`` one-token forwards (default c(kept + 1) + d; a hybrid passes what the
+        drafter added to its lookup tree, :mod:`.hybrid`)."""
         n = len(confidence)
         while len(self.acc) < n:
             self.acc.append(0.0)
@@ -115,4 +121,6 @@ class BlockCut:
             self.draft_cost = 0.8 * self.draft_cost + 0.2 * draft_s / step
         if self.gate is not None:
             done = accepted + 1 if committed is None else committed
-            self.gate.observe(round_index, done, self.cost.relative(kept + 1) + self.draft_cost)
+            cost = self.cost.relative(kept + 1) + self.draft_cost if gate_cost is None \
+                else gate_cost
+            self.gate.observe(round_index, done, cost)

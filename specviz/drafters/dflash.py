@@ -174,6 +174,7 @@ class DFlashDrafter(Drafter):
         self.cut_mode = PARAMS["cut"].check(cut)
         weights = PARAMS["weights"].check(weights)
         self.cut: BlockCut | None = None
+        self.shared_width = 0   # other draft nodes in the same verify forward (hybrid.py)
         self._last_cut: tuple[list[float], int] | None = None
         if model is None:
             if checkpoint is None or not str(checkpoint).strip():
@@ -366,7 +367,7 @@ class DFlashDrafter(Drafter):
             conf = probs.gather(-1, top.unsqueeze(-1)).squeeze(-1)
         if self.cut is not None:  # verify only the prefix that pays for itself (BlockCut)
             block_conf = [float(c) for c in conf]
-            kept, value = self.cut.choose(block_conf)
+            kept, value = self.cut.choose(block_conf, self.shared_width)
             self._last_cut = (block_conf, kept)
             extras["cut"] = {"kept": kept, "block": k,
                              "block_confidence": [round(c, 3) for c in block_conf],
@@ -402,16 +403,28 @@ class DFlashDrafter(Drafter):
 
     def observe(self, feedback: VerifyFeedback) -> None:
         rnd = feedback.round
+        self.observe_context(feedback)
+        cut = self.pop_cut()
+        if self.cut is not None and cut is not None:
+            block_conf, kept = cut
+            self.cut.observe(block_conf, kept, int(rnd.accepted), float(rnd.t_draft),
+                             int(rnd.index), len(rnd.committed))
+
+    def observe_context(self, feedback: VerifyFeedback) -> None:
+        """Queue the newly committed rows' tapped features (the verify forward's hidden states
+        at ``feedback.kept_rows``: a chain's first rows, a tree's accepted path)."""
+        rnd = feedback.round
         rows = list(feedback.kept_rows if feedback.kept_rows is not None else [0])
         rows = rows[:len(rnd.committed)]  # an EOS / budget cut commits fewer tokens
         start = int(rnd.start) - 1        # position of the verify input's row 0
         self._crop(start)
         self._append(feedback.hidden_states, rows, start)
-        if self.cut is not None and self._last_cut is not None:
-            block_conf, kept = self._last_cut
-            self.cut.observe(block_conf, kept, int(rnd.accepted), float(rnd.t_draft),
-                             int(rnd.index), len(rnd.committed))
-        self._last_cut = None
+
+    def pop_cut(self) -> tuple[list[float], int] | None:
+        """(block confidence, kept slots) of the last drafted round's cut, once; None when the
+        round drafted no block (paused, no budget) or runs without a cut."""
+        cut, self._last_cut = self._last_cut, None
+        return cut
 
     def config(self) -> dict[str, Any]:
         return {"checkpoint": self.checkpoint, "block_size": self.block_size,
