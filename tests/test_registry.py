@@ -65,10 +65,10 @@ def test_registry_entries_are_complete():
             assert p.label and p.help and p.type in (int, float, bool, str), (name, p.name)
             assert p.range is None or p.type in (int, float)
             assert p.default is None or p.check(p.default) == p.default, (name, p.name)
-    for m in ("dflash", "dspark", "retrace"):
+    for m in ("dflash", "dspark", "retrace", "dflash_adapld"):
         assert METHODS[m].kind == "learned" and METHODS[m].needs_target
     assert not any(s.needs_target for m, s in METHODS.items()
-                   if m not in ("dflash", "dspark", "retrace"))
+                   if m not in ("dflash", "dspark", "retrace", "dflash_adapld"))
     assert methods_of(AdaPLDDrafter) == ("adapld", "adapld_nohist", "adapld_lex", "adapld_sem")
     assert METHODS["adapld_lex"].preset == {"ablation": "lexical"}
 

@@ -64,6 +64,15 @@ class ForwardGate(Paused):
 
 
 @dataclass
+class SharedDraft:
+    """Another draft verified in the same forward as the block: its node count and its
+    estimated survival P(accepted length >= j) at depths j = 1, 2, ... (:mod:`.hybrid`)."""
+
+    width: int
+    survival: tuple[float, ...] = ()
+
+
+@dataclass
 class BlockCut:
     """Chooses how many of a block's slots to verify (see the module docstring)."""
 
@@ -86,13 +95,21 @@ class BlockCut:
             out.append(out[-1] + surv)
         return out
 
-    def choose(self, confidence: Sequence[float], base: int = 0) -> tuple[int, list[float]]:
-        """(slots to keep, expected committed tokens per unit of cost for each k). ``base``
-        other draft nodes share the verify forward (a hybrid's lookup tree): the block's k
-        slots then cost c(base + k + 1), i.e. only the curve's slope past the step."""
+    def choose(self, confidence: Sequence[float], shared: "SharedDraft | None" = None
+               ) -> tuple[int, list[float]]:
+        """(slots to keep, expected committed tokens per unit of cost for each k). With a
+        ``shared`` draft in the same verify forward (a hybrid's lookup tree) the round commits
+        the longer of the two accepted paths: P(max >= j) = s_j + b_j (1 - s_j) for the other
+        draft's survival s_j and the block's b_j (taken as independent), and the block's k slots
+        cost c(width + k + 1)."""
         e = self.expected(confidence)
-        value = [(1.0 + e[k]) / (self.cost.relative(base + k + 1) + self.draft_cost)
-                 for k in range(len(e))]
+        base, other = (shared.width, list(shared.survival)) if shared is not None else (0, [])
+        gain = [0.0]
+        for j in range(1, len(e)):
+            s_j = other[j - 1] if j - 1 < len(other) else 0.0
+            gain.append(gain[-1] + (e[j] - e[j - 1]) * (1.0 - s_j))
+        value = [(1.0 + sum(other) + gain[k]) / (self.cost.relative(base + k + 1)
+                                                 + self.draft_cost) for k in range(len(e))]
         best = max(range(len(value)), key=lambda k: (value[k], -k))
         return best, value
 

@@ -71,7 +71,7 @@ import torch
 from ..costs import cost_curve
 from ..errors import SettingsError
 from .base import Draft, DraftContext, Drafter, VerifyFeedback
-from .block_cut import BlockCut, ForwardGate
+from .block_cut import BlockCut, ForwardGate, SharedDraft
 from .context import ContextCache, tapped_features
 from .dflash_checkpoint import (ARCHITECTURE, BUNDLED, BUNDLED_DIR, CONFIG_NAME,  # noqa: F401
                                 MAX_BLOCK_SIZE, WEIGHTS_NAME, _check_compatible, _load_cached,
@@ -174,7 +174,7 @@ class DFlashDrafter(Drafter):
         self.cut_mode = PARAMS["cut"].check(cut)
         weights = PARAMS["weights"].check(weights)
         self.cut: BlockCut | None = None
-        self.shared_width = 0   # other draft nodes in the same verify forward (hybrid.py)
+        self.shared: SharedDraft | None = None   # a draft sharing the verify (hybrid.py)
         self._last_cut: tuple[list[float], int] | None = None
         if model is None:
             if checkpoint is None or not str(checkpoint).strip():
@@ -367,7 +367,7 @@ class DFlashDrafter(Drafter):
             conf = probs.gather(-1, top.unsqueeze(-1)).squeeze(-1)
         if self.cut is not None:  # verify only the prefix that pays for itself (BlockCut)
             block_conf = [float(c) for c in conf]
-            kept, value = self.cut.choose(block_conf, self.shared_width)
+            kept, value = self.cut.choose(block_conf, self.shared)
             self._last_cut = (block_conf, kept)
             extras["cut"] = {"kept": kept, "block": k,
                              "block_confidence": [round(c, 3) for c in block_conf],

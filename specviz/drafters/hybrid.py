@@ -41,13 +41,15 @@ from typing import Any
 from ..trace import Round
 from ..tree import TokenTree
 from .adapld import AdaPLDDrafter
-from .base import Draft, DraftContext, Drafter, VerifyFeedback
+from .base import Draft, DraftContext, Drafter, VerifyFeedback, clip_draft
+from .block_cut import SharedDraft
 from .dflash import PARAMS as DFLASH_PARAMS
 from .dflash import DFlashDrafter
 from .pld import PLDDrafter
 from .registry import MethodSpec, ParamSpec, params_by_name
 
 LOOKUPS = {"adapld": AdaPLDDrafter, "pld": PLDDrafter}
+DECAY = 0.9            # per round, for the lookup's acceptance and rate sums
 PARAMS = params_by_name(
     ParamSpec("lookup", str, "adapld", choices=tuple(LOOKUPS), label="Lookup drafter",
               help="The model-free drafter whose draft shares each round's verify forward with "
@@ -106,6 +108,52 @@ def merge(block: Draft, lookup: Draft) -> tuple[Draft, list[str]]:
     return Draft(tokens=list(tree.tokens), parents=parents, q_token=q_token), source
 
 
+def survival(a1: float, a2: float, depth: int) -> tuple[float, ...]:
+    """P(accepted length >= j), j = 1..depth, of a chain whose first token is accepted with
+    probability a1 and each next one, after an accepted one, with a2 (AdaPLD's model)."""
+    return tuple(a1 * a2 ** (j - 1) for j in range(1, depth + 1))
+
+
+@dataclasses.dataclass
+class LookupRecord:
+    """Decayed counts of the lookup drafter's own acceptance in a hybrid run: a1 = P(first
+    token accepted), a2 = P(next | previous accepted) (a fallback where the lookup states no
+    estimate of its own), and its committed tokens per unit of verify cost, R (>= 1: a plain
+    step is always possible) -- the rate the block must beat to be worth its forward."""
+
+    first: list[float] = dataclasses.field(default_factory=lambda: [1.0, 2.0])   # ok, n
+    next: list[float] = dataclasses.field(default_factory=lambda: [1.0, 2.0])
+    tokens: float = 1.0
+    cost: float = 1.0
+
+    @property
+    def a1(self) -> float:
+        return self.first[0] / self.first[1]
+
+    @property
+    def a2(self) -> float:
+        return self.next[0] / self.next[1]
+
+    @property
+    def rate(self) -> float:
+        return max(1.0, self.tokens / max(1e-9, self.cost))
+
+    def observe(self, depth: int, accepted: int, cost: float) -> None:
+        """One round: the lookup drafted a chain/tree of ``depth`` and had ``accepted`` tokens
+        accepted (its own view), its verify costing ``cost`` one-token forwards."""
+        for c in (self.first, self.next):
+            c[0] *= DECAY
+            c[1] *= DECAY
+        if depth > 0:
+            self.first[0] += float(accepted > 0)
+            self.first[1] += 1.0
+            reached = min(accepted + 1, depth) - 1      # next-token trials after an accept
+            self.next[0] += float(min(accepted, depth) - (accepted > 0))
+            self.next[1] += float(max(0, reached))
+        self.tokens = DECAY * self.tokens + 1.0 + accepted
+        self.cost = DECAY * self.cost + cost
+
+
 def own_round(rnd: Round, draft: Draft) -> Round:
     """``rnd`` as ``draft`` alone would have fared under greedy verification: its draft, its
     accepted path along the committed tokens; a draft that matched every committed token is
@@ -133,36 +181,49 @@ class HybridDrafter(Drafter):
     name = "dflash_adapld"
 
     def __init__(self, target=None, lookup: str = "adapld", checkpoint: str | None = None,
-                 block_size: int | None = None, cut: str = "auto", weights: str = "float"):
+                 block_size: int | None = None, cut: str = "auto", weights: str = "float",
+                 model=None):
         self.lookup_name = PARAMS["lookup"].check(lookup)
-        self.block = DFlashDrafter(target, checkpoint=checkpoint, block_size=block_size,
-                                   cut=cut, weights=weights)
+        self.block = DFlashDrafter(target, checkpoint=checkpoint, model=model,
+                                   block_size=block_size, cut=cut, weights=weights)
         self.lookup = LOOKUPS[self.lookup_name]()
         self.hidden_state_layers = self.block.hidden_state_layers
         self.first_branch_only = False
+        self.record = LookupRecord()
         self._drafts: tuple[Draft, Draft, float] | None = None
 
     def begin(self, target, prompt_ids, prefill_hidden=None):
         self.block.begin(target, prompt_ids, prefill_hidden)
         self.lookup.begin(target, prompt_ids, prefill_hidden)
         self.first_branch_only = int(getattr(target, "min_width", 1) or 1) > 1
+        self.record = LookupRecord()
         self._drafts = None
 
     def propose(self, ctx: DraftContext) -> Draft:
-        lookup = self.lookup.propose(ctx)
+        lookup = clip_draft(self.lookup.propose(ctx), max(0, int(ctx.max_draft)))
         if self.first_branch_only and lookup.tokens:
             self.block.propose(dataclasses.replace(ctx, max_draft=0))   # keeps its context
             self._drafts = (Draft(), lookup, 0.0)
             return self._extras(lookup, Draft(), lookup, ["lookup"] * len(lookup.tokens))
-        self.block.shared_width = 0 if self.first_branch_only else len(lookup.tokens)
+        self.block.shared = None if self.first_branch_only or not lookup.tokens else \
+            SharedDraft(len(lookup.tokens), self.lookup_survival(lookup))
         t0 = time.perf_counter()
-        block = self.block.propose(ctx)
+        block = clip_draft(self.block.propose(ctx), max(0, int(ctx.max_draft)))
         block_s = time.perf_counter() - t0
         if self.first_branch_only:
             lookup = Draft(extras=lookup.extras)
         self._drafts = (block, lookup, block_s)
         merged, source = merge(block, lookup)
         return self._extras(merged, block, lookup, source)
+
+    def lookup_survival(self, lookup: Draft) -> tuple[float, ...]:
+        """P(lookup's accepted length >= j) along its first branch: AdaPLD's own estimate for
+        the round's source (``alpha``) where it states one, else this run's record."""
+        ex = lookup.extras or {}
+        depth = int(ex.get("draft_len") or 0) or len(branches(lookup)[0])
+        alpha = ex.get("alpha")
+        a1, a2 = (float(alpha[0]), float(alpha[1])) if alpha else (self.record.a1, self.record.a2)
+        return survival(a1, a2, depth)
 
     @staticmethod
     def _extras(merged: Draft, block: Draft, lookup: Draft, source: list[str]) -> Draft:
@@ -180,18 +241,23 @@ class HybridDrafter(Drafter):
         own_lookup = own_round(rnd, lookup)
         self.lookup.observe(dataclasses.replace(feedback, round=own_lookup))
         self.block.observe_context(feedback)
+        c = self.block.cut.cost if self.block.cut is not None else None
+        lookup_cost = c.relative(len(lookup.tokens) + 1) if c is not None else 1.0
+        rate = self.record.rate                   # what the block must beat (before this round)
+        self.record.observe(draft_tree(lookup).depth if lookup.tokens else 0,
+                            own_lookup.accepted, lookup_cost)
         cut = self.block.pop_cut()
-        if cut is None or self.block.cut is None:
+        if cut is None or c is None:
             return
         block_conf, kept = cut
         acc = own_round(rnd, block).accepted
-        gained = max(0, acc - (own_lookup.accepted if lookup.tokens else 0))
-        c = self.block.cut.cost
-        width = len(rnd.draft)
-        share = c.relative(width + 1) - c.relative(len(lookup.tokens) + 1)
+        gained = max(0, acc - own_lookup.accepted)
+        share = max(0.0, c.relative(len(rnd.draft) + 1) - lookup_cost)
+        # the gate pauses the block where what it adds per unit of its own cost (its forward and
+        # its share of the verify) falls below the lookup's own rate
         self.block.cut.observe(block_conf, kept, acc, block_s, int(rnd.index),
                                committed=1 + gained,
-                               gate_cost=1.0 + self.block.cut.draft_cost + max(0.0, share))
+                               gate_cost=1.0 + rate * (self.block.cut.draft_cost + share))
 
     def config(self) -> dict[str, Any]:
         return {"lookup": self.lookup_name, **self.block.config(),

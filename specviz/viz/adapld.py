@@ -472,6 +472,11 @@ def round_summary_html(trace: Trace, round_index: int) -> str:
 
 
 # ---------------------------------------------------------------- branch tree
+#: a DFlash + AdaPLD round's node sources (``extras["hybrid"]["source"]``), as hover notes
+HYBRID_SOURCES = {"block": "drafted by the DFlash block", "lookup": "drafted by lookup",
+                  "both": "drafted by the DFlash block and by lookup"}
+
+
 def branch_tree_figure(trace: Trace, round_index: int, show_target: bool = True) -> go.Figure:
     """The round's draft tree (:func:`specviz.viz.tree.branch_tree_figure`) with AdaPLD's
     notes: each node's branch of origin on hover, the retrieval kind in the title."""
@@ -480,6 +485,10 @@ def branch_tree_figure(trace: Trace, round_index: int, show_target: bool = True)
     r = trace.rounds[round_index]
     notes = [None if b is None else f"from branch {b}" + (" (best-ranked)" if b == 0 else "")
              for b in node_branches(r)]
+    source = ((r.extras or {}).get("hybrid") or {}).get("source") or []
+    if len(source) == len(notes):   # DFlash + AdaPLD: which drafter proposed each node
+        notes = ["; ".join(x for x in (n, HYBRID_SOURCES.get(s)) if x)
+                 for n, s in zip(notes, source)]
     kind = retrieval_kind(r)
     why = {"none": "no match", "off": "retrieval paused by the adaptive control"}.get(
         kind, "no draft")

@@ -1,0 +1,203 @@
+"""DFlash + AdaPLD (specviz.drafters.hybrid): the merged tree, each drafter's own view of a
+round, losslessness (greedy and sampled), one target forward per round, the forward gate told
+what the block added, and the bundled drafter on real prompts."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from conftest import assert_same_law, first_two_token_counts, make_tiny_target, repetitive_prompt
+from specviz.analysis.lossless import compare_outputs
+from specviz.drafters import make_drafter
+from specviz.drafters.base import Draft
+from specviz.drafters.dflash import new_dflash_for_target
+from specviz.drafters.hybrid import HybridDrafter, branches, matched_path, merge, own_round
+from specviz.engine import DecodeSettings, Session, generate
+from specviz.trace import Round
+from specviz.tree import TokenTree
+
+
+# ----------------------------------------------------------------------------- pure helpers
+def test_merge_puts_the_block_first_and_labels_every_node():
+    block = Draft(tokens=[5, 6, 7], q_token=[0.9, 0.8, 0.7])
+    lookup = Draft(tokens=[5, 9, 4, 8], parents=[-1, 0, 1, 0])   # 5 -> 9 -> 4, 5 -> 8
+    merged, source = merge(block, lookup)
+    tree = TokenTree(merged.tokens, merged.parents)
+    assert merged.tokens[:3] == [5, 6, 7] and merged.parents[:3] == [-1, 0, 1]
+    assert sorted(tuple(tree.tokens[i] for i in tree.path_to(leaf)) for leaf in tree.leaves()) \
+        == [(5, 6, 7), (5, 8), (5, 9, 4)]
+    assert source[0] == "both" and source[1:3] == ["block", "block"]
+    assert source[3:] == ["lookup"] * (len(merged.tokens) - 3)
+    assert merged.q_token[:3] == [0.9, 0.8, 0.7] and merged.q_token[3:] == [None] * 3
+    # one side empty: the other unchanged (a chain stays a chain)
+    assert merge(block, Draft())[0] is block and merge(Draft(), lookup)[0] is lookup
+    # a lookup chain that is a prefix of the block: still one chain
+    chain, src = merge(block, Draft(tokens=[5, 6]))
+    assert chain.parents is None and chain.tokens == [5, 6, 7] and src == ["both", "both", "block"]
+
+
+def test_branches_and_matched_path():
+    d = Draft(tokens=[1, 2, 3, 4], parents=[-1, 0, -1, 2])
+    assert branches(d) == [[1, 2], [3, 4]]
+    assert branches(Draft(tokens=[7, 8])) == [[7, 8]]
+    tree = TokenTree(d.tokens, d.parents)
+    assert matched_path(tree, [3, 4, 9]) == [2, 3]
+    assert matched_path(tree, [1, 9]) == [0]
+    assert matched_path(tree, [9]) == []
+
+
+def _round(draft, parents, committed):
+    return Round(index=3, start=10, drafter="dflash_adapld", draft=draft, accepted=0,
+                 committed=committed, parents=parents)
+
+
+def test_own_round_is_what_the_draft_alone_would_have_had_accepted():
+    rnd = _round([5, 6, 7, 9], None, [5, 6, 2])   # the merged round: whatever it was
+    own = own_round(rnd, Draft(tokens=[5, 6, 7]))
+    assert own.accepted == 2 and own.draft == [5, 6, 7] and own.parents is None
+    assert own.committed == [5, 6, 2] and own.index == 3
+    # a tree: its own accepted path, in its own node numbering
+    own = own_round(rnd, Draft(tokens=[4, 5, 6], parents=[-1, -1, 1]))
+    assert own.accepted == 2 and own.accepted_path == [1, 2]
+    # a draft that matched every committed token: clipped there, fully accepted (censored)
+    own = own_round(_round([1], None, [5, 6]), Draft(tokens=[5, 6, 7, 8]))
+    assert own.draft == [5, 6] and own.accepted == 2
+    own = own_round(_round([1], None, [5, 6]), Draft(tokens=[5, 6, 7, 3], parents=[-1, 0, 1, -1]))
+    assert own.draft == [5, 6, 3] and own.parents == [-1, 0, -1] and own.accepted_path == [0, 1]
+    assert own_round(rnd, Draft()).accepted == 0
+
+
+# ----------------------------------------------------------------------------- losslessness
+def _hybrid(target, seed, lookup="adapld", **kw):
+    model = new_dflash_for_target(target, num_layers=1, block_size=5, seed=seed)
+    return HybridDrafter(target, lookup=lookup, model=model, **kw)
+
+
+@pytest.mark.parametrize("lookup", ["adapld", "pld"])
+def test_greedy_lossless_with_trees_and_one_forward_per_round(lookup, tiny_target, monkeypatch):
+    """A block that knows the answer on some rounds and a lookup that copies on others: the
+    merged trees are accepted along either drafter's branch, output equals plain greedy, and
+    every round is one target forward."""
+    target = tiny_target
+    rng = random.Random(3)
+    calls = {"n": 0}
+    forward = target.model.forward
+
+    def counted(*a, **k):
+        calls["n"] += 1
+        return forward(*a, **k)
+
+    monkeypatch.setattr(target.model, "forward", counted)
+    sources = set()
+    for i in range(6):
+        ids = repetitive_prompt(rng, 64, rng.randint(12, 30))
+        s = DecodeSettings(max_new_tokens=rng.randint(12, 30))
+        ar = generate(target, "ar", ids, s).output_ids
+        truth = ids + ar + [0] * 16
+        drafter = _hybrid(target, i, lookup=lookup, cut="off")
+        B = drafter.block.block_size
+
+        def scores(tokens, k, _truth=truth, _i=i):   # right on every other round
+            n = len(tokens)
+            nxt = _truth[n:n + B - 1] if (n + _i) % 2 else [(t + 1) % 64 for t in _truth[n:n + B - 1]]
+            logits = torch.full((B - 1, 64), -10.0)
+            logits[torch.arange(len(nxt)), torch.tensor(nxt)] = 10.0
+            return logits[:k], None
+
+        monkeypatch.setattr(drafter.block, "greedy_scores", scores)
+        calls["n"] = 0
+        sess = Session(target, drafter, ids, s)
+        prefill = calls["n"]
+        while sess.step() is not None:
+            assert drafter.block.context_len == len(sess.tokens) - 1
+        tr = sess.trace()
+        assert calls["n"] - prefill == tr.num_rounds
+        rep = compare_outputs(target, ids, ar, tr.output_ids)
+        assert rep.ok and tr.output_ids == ar, f"prompt {i} diverged at {rep.first_divergence}"
+        for r in tr.rounds:
+            src = r.extras["hybrid"]["source"]
+            assert len(src) == len(r.draft)
+            sources.update(src[n] for n in r.path)
+    assert {"block", "lookup"} <= sources | {"both"} and "block" in sources, sources
+
+
+def test_sampling_keeps_target_distribution():
+    vocab = 12
+    target = make_tiny_target(vocab_size=vocab, seed=5, layers=1, eos=0)
+    with torch.no_grad():
+        target.model.lm_head.weight.mul_(0.15)
+    model = new_dflash_for_target(target, num_layers=1, block_size=4, seed=7)
+    with torch.no_grad():
+        model.fc.weight.mul_(20.0)
+    used = {"accepted": 0, "trees": 0}
+
+    def on_trace(tr):
+        used["accepted"] += sum(r.accepted for r in tr.rounds)
+        used["trees"] += sum(r.is_tree for r in tr.rounds)
+
+    def drafter_fn(seed):
+        return HybridDrafter(target, lookup="pld", model=model, cut="off")
+
+    counts, exact = first_two_token_counts(target, [3, 7, 5, 3, 7, 5, 3, 7], drafter_fn, 3000,
+                                           dict(temperature=0.9, top_p=0.95), on_trace=on_trace)
+    assert_same_law(counts, exact, tv_tol=0.13)
+    assert used["accepted"] > 100 and used["trees"] > 100, used
+
+
+# ----------------------------------------------------------------------------- the gate
+def test_the_gate_is_told_what_the_block_added(tiny_target, monkeypatch):
+    """Where lookup already drafts the committed text, the block added nothing: the gate hears
+    one token at one step plus the block's own cost; alone, it hears the block's tokens."""
+    target = tiny_target
+    drafter = _hybrid(target, 0, lookup="pld")
+    ids = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    Session(target, drafter, ids, DecodeSettings(max_new_tokens=8))   # begin(): prefill, cut
+    heard = []
+    monkeypatch.setattr(drafter.block.cut, "observe",
+                        lambda conf, kept, acc, s, i, committed=None, gate_cost=None:
+                        heard.append((kept, acc, committed, gate_cost)))
+    block = Draft(tokens=[7, 8, 1])
+    for lookup, expect_committed in ((Draft(tokens=[7, 8, 5]), 1), (Draft(), 3)):
+        merged, _ = merge(block, lookup)
+        rnd = Round(index=0, start=len(ids), drafter="x", draft=merged.tokens, accepted=2,
+                    committed=[7, 8, 5], parents=merged.parents)
+        drafter._drafts = (block, lookup, 0.001)
+        drafter.block._last_cut = ([0.9, 0.8, 0.7], 3)
+        monkeypatch.setattr(drafter.block, "observe_context", lambda fb: None)
+        from specviz.drafters.base import VerifyFeedback
+        drafter.observe(VerifyFeedback(round=rnd, logits=None))
+        kept, acc, committed, gate_cost = heard[-1]
+        assert (kept, acc, committed) == (3, 2, expect_committed)
+        assert gate_cost >= 1.0 + drafter.block.cut.draft_cost - 1e-9
+
+
+# ----------------------------------------------------------------------------- registry, bad input
+def test_bad_settings_fail_clearly(tiny_target):
+    from specviz.errors import SettingsError
+
+    with pytest.raises(SettingsError, match="Lookup drafter"):
+        make_drafter("dflash_adapld", tiny_target, lookup="medusa")
+    with pytest.raises(SettingsError, match="trained drafter"):
+        make_drafter("dflash_adapld", tiny_target)   # no bundled drafter for the tiny target
+
+
+@pytest.mark.integration
+def test_bundled_hybrid_greedy_lossless_on_real_prompts(embedded_target):
+    """The bundled DFlash drafter + AdaPLD on 20 real prompts: greedy lossless, with rounds
+    accepted along the block's nodes and along lookup-only nodes, and a higher tau than the
+    block alone on the same prompts."""
+    from conftest import lossless_on_examples
+
+    runs = lossless_on_examples(embedded_target, "dflash_adapld", 4, 1)   # 5 x 4 prompts
+    won = {"block": 0, "lookup": 0, "both": 0}
+    for _, tr, _ in runs:
+        for r in tr.rounds:
+            src = r.extras["hybrid"]["source"]
+            if r.path:
+                won[src[r.path[-1]]] += 1
+    assert won["block"] > 0 and won["lookup"] > 0, won
+    tokens = sum(len(tr.output_ids) for _, tr, _ in runs)
+    rounds = sum(tr.num_rounds for _, tr, _ in runs)
+    assert tokens / rounds > 1.5, f"tau {tokens / rounds:.2f}"
