@@ -4,6 +4,7 @@ what the block added, and the bundled drafter on real prompts."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -201,3 +202,31 @@ def test_bundled_hybrid_greedy_lossless_on_real_prompts(embedded_target):
     tokens = sum(len(tr.output_ids) for _, tr, _ in runs)
     rounds = sum(tr.num_rounds for _, tr, _ in runs)
     assert tokens / rounds > 1.5, f"tau {tokens / rounds:.2f}"
+
+
+@pytest.mark.integration
+def test_the_app_runs_the_hybrid_and_the_adapld_page_shows_its_tree():
+    """Decode page: DFlash + AdaPLD round by round, no error; the AdaPLD page opens on that run
+    (its lookup extras) and the tree's hover says which drafter proposed each node."""
+    from streamlit.testing.v1 import AppTest
+
+    from specviz.viz import adapld as va
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"),
+                          default_timeout=180)
+    at.run()
+    at.selectbox(key="method").set_value("dflash_adapld").run()
+    for _ in range(4):
+        at.button(key="next").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.exception or at.error]
+    dec = at.session_state["dec_trace"]
+    assert dec.meta["method"] == "dflash_adapld" and dec.num_rounds == 4
+    assert all("hybrid" in r.extras for r in dec.rounds)
+    at.switch_page("pages/adapld.py").run()
+    assert not at.exception and not at.error, [e.value for e in at.exception or at.error]
+    assert at.session_state["ada_source"] == "decode"
+    assert len(at.get("plotly_chart")) >= 1
+    for i, r in enumerate(dec.rounds):
+        src = r.extras["hybrid"]["source"]
+        if "block" in src or "both" in src:
+            assert "drafted by the DFlash block" in va.branch_tree_figure(dec, i).to_json()

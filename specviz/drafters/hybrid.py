@@ -8,13 +8,15 @@ next words from the target's hidden states but rarely copies long spans. Measure
 88 held-out greedy rollouts (exact acceptance at every state): tau PLD 1.67, DFlash 1.76, and
 2.62 when every round verifies BOTH drafts and keeps the longer accepted one.
 
-On a CPU that costs little: a verify forward over two or more tokens runs matrix-matrix kernels,
-so c(k) is a step at k = 2 and nearly flat after it (:mod:`specviz.costs`); a round that already
-verifies a lookup tree pays only the curve's slope for the block's extra nodes. Each round:
+Each round:
 
 1. the lookup drafter proposes (its own cost-aware length, branches, pauses);
-2. the DFlash drafter proposes unless its forward gate pauses it, its cost-aware cut told how many
-   lookup nodes share the verify forward (``BlockCut.choose(..., base)``);
+2. the DFlash drafter proposes unless its forward gate pauses it; its cost-aware cut is told the
+   lookup's draft (:class:`~.block_cut.SharedDraft`: its node count w and its estimated survival
+   s_j, AdaPLD's a1, a2 for the round's source) and keeps the k slots maximising
+   (1 + E[max]) / (c(w + k + 1) + d), P(max >= j) = s_j + b_j (1 - s_j) -- block nodes are
+   worth little where lookup is likely right anyway, and on a CPU every verified node costs
+   (the verify forward grows by a few % of a step per token, :mod:`specviz.costs`);
 3. the block's chain and the lookup's branches are merged into one trie, the block first (its
    nodes are 0..k-1, so its per-slot extras index the merged draft); one target forward
    verifies it (the engine's tree mask); the longest accepted path wins.
@@ -22,10 +24,11 @@ verifies a lookup tree pays only the curve's slope for the block's extra nodes. 
 Each drafter then learns from the round as its OWN draft would have fared
 (:func:`own_round`: under greedy verification exact -- its draft against the committed tokens;
 when its draft matched every committed token the rest is unknown and the round is counted as
-fully accepted up to there). DFlash's forward gate is told what the drafter ADDED: one token plus
-the tokens it accepted beyond the lookup's, at one plus its forward and its nodes' share of the
-verify cost -- so where lookup already drafts well (translation) the drafter pauses, and where
-lookup has nothing it is judged exactly like plain DFlash.
+fully accepted up to there). DFlash's forward gate is told what the block ADDED: one token plus
+the tokens it accepted beyond the lookup's, at one step plus R x (its forward + its nodes'
+share of the verify), R = the lookup's own committed tokens per unit of cost in this run
+(:class:`LookupRecord`, >= 1). So the block pauses where it does not beat the lookup's rate
+(translation, summaries) and, where lookup has nothing, is judged exactly as plain DFlash is.
 
 Lossless like every drafter here: all drafts are point masses (argmax) verified by the engine
 (greedy longest path; SpecInfer-style multi-child sampling for trees). Under width-invariant
@@ -268,5 +271,5 @@ SPECS = (MethodSpec("dflash_adapld", HybridDrafter, "DFlash + AdaPLD",
                     "DFlash's block and AdaPLD's lookup tree verified together in one target "
                     "forward (the longer accepted path wins)", kind="learned", needs_target=True,
                     params=tuple(PARAMS.values()),
-                    hint="The **AdaPLD** page shows the lookup's matches; the decode page "
-                         "colours which drafter proposed each node."),)
+                    hint="The **AdaPLD** page shows the lookup's matches and the merged tree "
+                         "(hover a node: which drafter proposed it)."),)
