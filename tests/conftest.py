@@ -126,6 +126,20 @@ def first_two_token_counts(target, prompt, drafter_fn, n, settings_kw, on_trace=
     return counts, exact
 
 
+def sampling_pair():
+    """(a 12-word tiny target with a flat-ish law, a block-4 DFlash drafter for it whose slots
+    put real mass on a few tokens): the chi-square sampling tests of the block drafters."""
+    from specviz.drafters.dflash import new_dflash_for_target
+
+    target = make_tiny_target(vocab_size=12, seed=5, layers=1, eos=0)
+    with torch.no_grad():
+        target.model.lm_head.weight.mul_(0.15)
+    model = new_dflash_for_target(target, num_layers=1, block_size=4, seed=7)
+    with torch.no_grad():
+        model.fc.weight.mul_(20.0)
+    return target, model
+
+
 def assert_same_law(counts, exact, tv_tol, alpha=1e-3):
     """Chi-square goodness of fit (cells with expected count >= 5) and a TV bound."""
     from scipy.stats import chisquare

@@ -16,7 +16,8 @@ from specviz.engine import DecodeSettings, Session, generate
 from specviz.errors import SettingsError, SpecvizError
 from specviz.models import ModelLoadError
 
-from conftest import assert_same_law, finish_tiny_target, first_two_token_counts, make_tiny_target
+from conftest import (assert_same_law, finish_tiny_target, first_two_token_counts,
+                      sampling_pair)
 
 
 def make_tiny_qwen3(vocab_size=128, seed=0, layers=4, eos=1):
@@ -291,13 +292,7 @@ def test_drafter_that_knows_the_answer_is_accepted(monkeypatch, tiny_target):
 # ----------------------------------------------------------------------------- sampling
 @pytest.mark.parametrize("mode", ["argmax_point_mass", "sampled_q"])
 def test_sampling_keeps_target_distribution(mode):
-    vocab = 12
-    target = make_tiny_target(vocab_size=vocab, seed=5, layers=1, eos=0)
-    with torch.no_grad():
-        target.model.lm_head.weight.mul_(0.15)
-    model = new_dflash_for_target(target, num_layers=1, block_size=4, seed=7)
-    with torch.no_grad():  # a drafter whose slots put real mass on a few tokens
-        model.fc.weight.mul_(20.0)
+    target, model = sampling_pair()
     temp = 1.0 if mode == "sampled_q" else 0.0
     used = {"accepted": 0}
 

@@ -15,7 +15,7 @@ from specviz.engine import DecodeSettings, Session, generate
 from specviz.errors import SettingsError
 from specviz.models import ModelLoadError
 
-from conftest import assert_same_law, first_two_token_counts, make_tiny_target
+from conftest import assert_same_law, first_two_token_counts, sampling_pair
 
 
 def random_fusion(H, seed=0, scale=0.5):
@@ -99,13 +99,7 @@ def test_fusion_changes_drafts_not_outputs_and_adds_no_forward(tiny_target):
 
 
 def test_sampling_keeps_target_distribution():
-    vocab = 12
-    target = make_tiny_target(vocab_size=vocab, seed=5, layers=1, eos=0)
-    with torch.no_grad():
-        target.model.lm_head.weight.mul_(0.15)
-    model = new_dflash_for_target(target, num_layers=1, block_size=4, seed=7)
-    with torch.no_grad():
-        model.fc.weight.mul_(20.0)
+    target, model = sampling_pair()
     fusion = random_fusion(target.model.config.hidden_size, 3, scale=2.0)
 
     def drafter_fn(seed):
