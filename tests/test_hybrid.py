@@ -70,6 +70,23 @@ def test_own_round_is_what_the_draft_alone_would_have_had_accepted():
     assert own_round(rnd, Draft()).accepted == 0
 
 
+def test_the_cut_weighs_block_slots_by_what_the_lookup_would_miss():
+    """A lookup draft that is surely right makes the block's slots worthless (k = 0); one that
+    is surely wrong leaves the cut as without it, only shifted along the cost curve."""
+    from specviz.costs import CostModel
+    from specviz.drafters.block_cut import BlockCut, SharedDraft
+
+    sloped = CostModel.from_points([(1, 1.0), (2, 1.1), (4, 1.2), (8, 1.4), (16, 1.8)])
+    conf = [0.9, 0.8, 0.7, 0.6, 0.3, 0.2, 0.1]
+    cut = BlockCut(sloped)
+    alone, _ = cut.choose(conf)
+    assert alone >= 3
+    assert cut.choose(conf, SharedDraft(4, (1.0,) * 4))[0] == 0
+    beside_wrong, value = cut.choose(conf, SharedDraft(4, (0.0,) * 4))
+    assert 1 <= beside_wrong <= alone and len(value) == len(conf) + 1
+    assert cut.choose(conf, None) == cut.choose(conf)
+
+
 # ----------------------------------------------------------------------------- losslessness
 def _hybrid(target, seed, lookup="adapld", **kw):
     model = new_dflash_for_target(target, num_layers=1, block_size=5, seed=seed)
