@@ -15,28 +15,18 @@ from collections import defaultdict
 import specviz  # noqa: F401  (before torch: thread settings)
 import torch
 
-from specviz.analysis.edr import greedy_acceptance
+from specviz.analysis.edr import evaluate, greedy_acceptance
 from specviz.analysis.offline_eval import drafts_for, parse_drafters
 from specviz.drafters import make_drafter
 from specviz.models import load_target
 from specviz.train.rollouts import RolloutSet
 
 
-def leading(row) -> int:
-    n = 0
-    for v in row:
-        if v < 0.5:
-            break
-        n += 1
-    return n
-
-
-def rounds(acc: list[int], L: int) -> int:
-    n = r = 0
-    while n < L:
-        n += acc[n] + 1
-        r += 1
-    return r
+def prefix_acceptance(a: torch.Tensor, K: int) -> torch.Tensor:
+    """a [L, k] 0/1 slot acceptance -> [L, K] with 1 exactly on the accepted prefix (so the
+    element-wise max of two drafters' is the longer accepted path of a round verifying both)."""
+    a = torch.nn.functional.pad(a, (0, K - a.shape[1]))
+    return a.cumprod(-1)
 
 
 def main(folder: str = "runs/eval-rollouts") -> None:
@@ -45,23 +35,25 @@ def main(folder: str = "runs/eval-rollouts") -> None:
     rs = RolloutSet(folder)
     specs = parse_drafters("pld,dflash")
     drafters = {s.label: make_drafter(s.method, target, **s.params) for s in specs}
-    agg = defaultdict(lambda: defaultdict(int))
+    agg = defaultdict(lambda: defaultdict(float))
     for i in range(len(rs)):
         t, _, p = rs.load(i)
         y = t[p:].tolist()
         if not y:
             continue
-        acc = {s.label: [leading(a) for a in greedy_acceptance(
-            drafts_for(s, drafters[s.label], target, rs, i), y).tolist()] for s in specs}
-        acc["max"] = [max(a, b) for a, b in zip(acc["pld"], acc["dflash"])]
+        a = {s.label: greedy_acceptance(drafts_for(s, drafters[s.label], target, rs, i), y)
+             for s in specs}
+        K = max(x.shape[1] for x in a.values())
+        a = {k: prefix_acceptance(x, K) for k, x in a.items()}
+        a["max"] = torch.maximum(a["pld"], a["dflash"])
         for cat in (rs.rows[i].get("category"), "all"):
-            for k, v in acc.items():
-                agg[cat][k] += rounds(v, len(y))
+            for k, x in a.items():   # 0/1 acceptance: the expected rounds are the rounds
+                agg[cat][k] += evaluate(x).edr
             agg[cat]["tokens"] += len(y)
     print("| category | tokens | PLD tau | DFlash tau | max of both |\n|---|---|---|---|---|")
     for cat in sorted(agg, key=lambda c: (c == "all", c)):
         d = agg[cat]
-        print(f"| {cat} | {d['tokens']} | " + " | ".join(
+        print(f"| {cat} | {int(d['tokens'])} | " + " | ".join(
             f"{d['tokens'] / d[k]:.3f}" for k in ("pld", "dflash", "max")) + " |")
 
 

@@ -185,8 +185,7 @@ class Session:
                 ) -> tuple[TokenTree, object, torch.Tensor, torch.Tensor, Verdict]:
         """ONE target forward over [last committed token, draft...] (a tree with its 4D mask and
         depth positions), the verdict, and the KV cache cut back to the committed rows."""
-        tree = TokenTree.chain(draft.tokens) if draft.parents is None else \
-            TokenTree(list(draft.tokens), list(draft.parents))
+        tree = draft.tree
         start = cache_len(self.cache)
         ids = [self.tokens[-1]] + list(tree.tokens)
         n, width = len(ids), max(len(ids), self.target.min_width)

@@ -141,6 +141,23 @@ def test_greedy_lossless_with_trees_and_one_forward_per_round(lookup, tiny_targe
     assert {"block", "lookup"} <= sources, sources
 
 
+def test_a_padded_target_verifies_one_drafters_draft_per_round(tiny_target, monkeypatch):
+    """Width-invariant numerics (forwards padded to min_width): only a tree's first branch is
+    exact, so each round drafts the lookup's draft or else the block's, never a merged tree;
+    greedy output is still plain greedy."""
+    monkeypatch.setattr(tiny_target, "min_width", 4, raising=False)
+    rng = random.Random(8)
+    for i in range(4):
+        ids = repetitive_prompt(rng, 64, 20)
+        s = DecodeSettings(max_new_tokens=20)
+        ar = generate(tiny_target, "ar", ids, s).output_ids
+        tr = Session(tiny_target, _hybrid(tiny_target, i, lookup="pld", cut="off"), ids, s).run()
+        assert tr.output_ids == ar
+        for r in tr.rounds:
+            h = r.extras["hybrid"]
+            assert not (h["block_nodes"] and h["lookup_nodes"]), h
+
+
 def test_sampling_keeps_target_distribution():
     target, model = sampling_pair()
     used = {"accepted": 0, "trees": 0}

@@ -129,8 +129,7 @@ def replay(drafter: Drafter, rollout: Rollout, target=None, method: str | None =
         draft = clip_draft(drafter.propose(DraftContext(y[:n], P, len(y) - n - 1, len(rounds))),
                            len(y) - n - 1)
         t_draft = time.perf_counter() - t0
-        tree = TokenTree.chain(draft.tokens) if draft.parents is None else \
-            TokenTree(list(draft.tokens), list(draft.parents))
+        tree = draft.tree
         verdict = greedy_against(tree, y[n:])
         if width > 1 and not tree.is_chain:
             verdict = first_branch_only(tree, verdict)

@@ -33,6 +33,12 @@ class Draft:
     q_token: list[float | None] | None = None  # drafter prob of each drafted token (display)
     extras: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def tree(self) -> TokenTree:
+        """The draft as a token tree (a chain is the one-branch tree)."""
+        return TokenTree.chain(self.tokens) if self.parents is None else \
+            TokenTree(list(self.tokens), list(self.parents))
+
 
 @dataclass
 class VerifyFeedback:
@@ -54,7 +60,7 @@ def clip_draft(draft: Draft, max_depth: int) -> Draft:
             draft.q = draft.q[:max_depth] if draft.q is not None else None
             draft.q_token = draft.q_token[:max_depth] if draft.q_token is not None else None
         return draft
-    tree = TokenTree(list(draft.tokens), list(draft.parents))
+    tree = draft.tree
     keep = [i for i, d in enumerate(tree.depths) if d <= max_depth]
     if len(keep) < len(tree):
         remap = {old: new for new, old in enumerate(keep)}

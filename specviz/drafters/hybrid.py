@@ -63,15 +63,9 @@ PARAMS = params_by_name(
 
 
 # --------------------------------------------------------------------------- pure helpers
-def draft_tree(draft: Draft) -> TokenTree:
-    """A draft as a token tree (a chain is a one-branch tree)."""
-    return TokenTree.chain(draft.tokens) if draft.parents is None else \
-        TokenTree(list(draft.tokens), list(draft.parents))
-
-
 def branches(draft: Draft) -> list[list[int]]:
     """A draft's root-to-leaf token sequences, in leaf order (a chain: itself)."""
-    tree = draft_tree(draft)
+    tree = draft.tree
     if tree.is_chain:
         return [list(tree.tokens)]
     return [[tree.tokens[i] for i in tree.path_to(leaf)] for leaf in tree.leaves()]
@@ -160,20 +154,15 @@ class LookupRecord:
 def own_round(rnd: Round, draft: Draft) -> Round:
     """``rnd`` as ``draft`` alone would have fared under greedy verification: its draft, its
     accepted path along the committed tokens; a draft that matched every committed token is
-    clipped there and counted as fully accepted (what followed is unknown)."""
-    tree = draft_tree(draft)
-    path = matched_path(tree, list(rnd.committed))
-    tokens, parents = list(draft.tokens), None if draft.parents is None else list(draft.parents)
+    clipped there (:func:`~.base.clip_draft`) and counted as fully accepted (what followed is
+    unknown)."""
+    path = matched_path(draft.tree, list(rnd.committed))
     if path and len(path) >= len(rnd.committed):          # censored: clip at what is known
-        keep = [i for i, d in enumerate(tree.depths) if d <= len(path)]
-        remap = {old: new for new, old in enumerate(keep)}
-        tokens = [tree.tokens[i] for i in keep]
-        if parents is not None:
-            parents = [remap.get(tree.parents[i], -1) for i in keep]
-            path = [remap[i] for i in path]
-    accepted = len(path)
-    return dataclasses.replace(rnd, draft=tokens, parents=parents, accepted=accepted,
-                               accepted_path=path if parents is not None else [],
+        draft = clip_draft(dataclasses.replace(draft), len(path))
+        path = matched_path(draft.tree, list(rnd.committed))
+    return dataclasses.replace(rnd, draft=list(draft.tokens), accepted=len(path),
+                               parents=None if draft.parents is None else list(draft.parents),
+                               accepted_path=path if draft.parents is not None else [],
                                extras=dict(draft.extras))
 
 
@@ -204,8 +193,7 @@ class HybridDrafter(Drafter):
 
     def propose(self, ctx: DraftContext) -> Draft:
         lookup = clip_draft(self.lookup.propose(ctx), max(0, int(ctx.max_draft)))
-        if self.first_branch_only and lookup.tokens:
-            self.block.propose(dataclasses.replace(ctx, max_draft=0))   # keeps its context
+        if self.first_branch_only and lookup.tokens:   # the block's context follows in observe
             self._drafts = (Draft(), lookup, 0.0)
             return self._extras(lookup, Draft(), lookup, ["lookup"] * len(lookup.tokens))
         self.block.shared = None if self.first_branch_only or not lookup.tokens else \
@@ -247,7 +235,7 @@ class HybridDrafter(Drafter):
         c = self.block.cut.cost if self.block.cut is not None else None
         lookup_cost = c.relative(len(lookup.tokens) + 1) if c is not None else 1.0
         rate = self.record.rate                   # what the block must beat (before this round)
-        self.record.observe(draft_tree(lookup).depth if lookup.tokens else 0,
+        self.record.observe(lookup.tree.depth if lookup.tokens else 0,
                             own_lookup.accepted, lookup_cost)
         cut = self.block.pop_cut()
         if cut is None or c is None:
