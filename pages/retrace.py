@@ -40,7 +40,7 @@ def backbone_params(params: dict) -> dict:
     drafter = make_drafter("retrace", ui.load_target(cfg.model), **params)
     c = drafter.config()
     out = {"checkpoint": c["backbone"] or "", "block_size": drafter.block_size,
-           "cut": c["cut"], "draft_temperature": c["draft_temperature"],
+           "cut": c["cut"], "draft_temperature": c["draft_temperature"], "tree": 0,
            "seed": params.get("seed", 0)}
     return out
 

@@ -288,6 +288,12 @@ def _charts_section(view: Trace, sel: int, prefix: str) -> None:
             _chart(viz.fig_slot_confidence(view, pick), f"{prefix}_fig_conf")
         with c[1]:
             _chart(viz.fig_confidence_calibration(view), f"{prefix}_fig_calib")
+        if (view.rounds[pick].extras or {}).get("tree_slots"):
+            st.caption("This round's block was verified as a token tree: the slots' top words, "
+                       "most probable paths first (the product of the slots' probabilities), as "
+                       "many nodes as paid for the wider verify. The accepted path may run "
+                       "through a slot's second or third word, where a chain would have stopped.")
+            _chart(viz.block_tree_figure(view, pick), f"{prefix}_fig_block_tree")
     if len(viz.gate_rounds(view)):
         with st.expander("When the drafter ran (forward gate)"):
             st.caption("The drafter's own forward costs a fraction of a target step even when "

@@ -124,7 +124,8 @@ def test_published_layout_loads_strictly_and_runs(tmp_path, qwen3_target):
     cfg = published_config()
     weights = published_weights(cfg)
     folder = write_checkpoint(tmp_path / "ckpt", cfg, weights)
-    drafter = make_drafter("dflash", qwen3_target, checkpoint=str(folder), cut="off")  # whole blocks
+    drafter = make_drafter("dflash", qwen3_target, checkpoint=str(folder), cut="off",
+                           tree=0)  # whole blocks, as a chain
     assert isinstance(drafter, DFlashDrafter)
     want = PUBLISHED_GLOBAL + [f"layers.{i}.{n}" for i in range(2) for n in PUBLISHED_LAYER]
     sd = drafter.model.state_dict()
@@ -214,7 +215,7 @@ def test_greedy_draft_scores_only_the_draft_vocabulary(tiny_target):
 
     m = new_dflash_for_target(tiny_target, num_layers=1, block_size=5, seed=7)
     m.draft_vocab = torch.arange(1, tiny_target.model.config.vocab_size, 2)
-    d = make_drafter("dflash", tiny_target, model=m, cut="off")
+    d = make_drafter("dflash", tiny_target, model=m, cut="off", tree=0)
     rng = random.Random(3)
     for max_draft in (8, 2, 3):    # the whole block, and shorter budgets (head over k slots)
         ids = random_prompt(rng, tiny_target.model.config.vocab_size)
@@ -270,7 +271,7 @@ def test_drafter_that_knows_the_answer_is_accepted(monkeypatch, tiny_target):
         ar = generate(target, "ar", ids, s).output_ids
         truth = ids + ar + [0] * 16
         drafter = DFlashDrafter(target, model=new_dflash_for_target(target, block_size=6, seed=i),
-                                cut="off")
+                                cut="off", tree=0)
 
         def oracle(tokens, k, _d=drafter, _truth=truth):
             nxt = _truth[len(tokens):len(tokens) + _d.block_size - 1]

@@ -54,7 +54,7 @@ def test_new_head_drafts_exactly_what_the_backbone_drafts(tiny_target):
         spark = add_markov_head(copy.deepcopy(backbone), 4, seed=i)
         ids = _prompt(rng)
         s = DecodeSettings(max_new_tokens=16)
-        a = Session(tiny_target, DFlashDrafter(tiny_target, model=backbone, cut="off"), ids,
+        a = Session(tiny_target, DFlashDrafter(tiny_target, model=backbone, cut="off", tree=0), ids,
                     s).run()
         b = Session(tiny_target, DSparkDrafter(tiny_target, model=spark, cut="off"), ids,
                     s).run()

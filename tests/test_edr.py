@@ -40,7 +40,7 @@ def test_state_drafts_make_edr_exact_for_pld_and_dflash(tiny_target):
     for model, ro in dflash_cases(tiny_target, 9, 4, 24):
         y = ro.tokens[ro.prompt_len:]
         for make in (lambda: make_drafter("pld", tiny_target),
-                     lambda: DFlashDrafter(tiny_target, model=model, cut="off")):
+                     lambda: DFlashDrafter(tiny_target, model=model, cut="off", tree=0)):
             res = evaluate(greedy_acceptance(state_drafts(make(), ro, tiny_target), y, K=10))
             assert res.edr == replay(make(), ro, tiny_target).num_rounds
 

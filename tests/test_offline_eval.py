@@ -34,7 +34,7 @@ def test_batched_dflash_drafts_equal_the_live_drafter(setup, tiny_target):
     rs = RolloutSet(d / "ro")
     for i in range(len(rs)):
         t, h, p = rs.load(i)
-        live = state_drafts(DFlashDrafter(tiny_target, model=model, cut="off"), rs.rollout(i),
+        live = state_drafts(DFlashDrafter(tiny_target, model=model, cut="off", tree=0), rs.rollout(i),
                             tiny_target)
         assert dflash_state_drafts(model, tiny_target, t, h, p, chunk=7) == live
 

@@ -55,7 +55,7 @@ def test_equals_backbone_round_for_round(mode, tiny_target):
                                       seed=i)
         fusion = ReTraceFusion(H) if mode == "untrained" else random_fusion(H, i)
         ids = [rng.randrange(2, 64) for _ in range(rng.randint(2, 20))]
-        base = rounds_of(tiny_target, DFlashDrafter(tiny_target, model=model, cut="off"), ids, 24)
+        base = rounds_of(tiny_target, DFlashDrafter(tiny_target, model=model, cut="off", tree=0), ids, 24)
         rt = rounds_of(tiny_target, ReTraceDrafter(tiny_target, model=model, fusion=fusion,
                                                    cut="off", gate="learned" if mode ==
                                                    "untrained" else "off"), ids, 24)
@@ -88,7 +88,7 @@ def test_fusion_changes_drafts_not_outputs_and_adds_no_forward(tiny_target):
         assert calls["n"] == tr.num_rounds + 1         # prefill + one verify per round
         ar = generate(tiny_target, "ar", ids, s)
         assert compare_outputs(tiny_target, ids, ar.output_ids, tr.output_ids).ok
-        base = rounds_of(tiny_target, DFlashDrafter(tiny_target, model=model, cut="off"), ids, 24)
+        base = rounds_of(tiny_target, DFlashDrafter(tiny_target, model=model, cut="off", tree=0), ids, 24)
         changed += [r.draft for r in tr.rounds] != [r.draft for r in base.rounds]
         for r in tr.rounds:
             info = r.extras.get("retrace")

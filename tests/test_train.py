@@ -123,7 +123,7 @@ def test_training_lowers_loss_saves_layout_and_tau_matches_session(tmp_path, tar
     for i in range(len(ev)):
         t, h, p = ev.load(i)
         new, rounds = simulated_tau_one(m, target, t, h, p)
-        d = make_drafter("dflash", target, checkpoint=str(ck), cut="off")
+        d = make_drafter("dflash", target, checkpoint=str(ck), cut="off", tree=0)
         tr = Session(target, d, t[:p].tolist(), DecodeSettings(max_new_tokens=24)).run()
         assert tr.output_ids == t[p:].tolist()
         assert (len(tr.output_ids), tr.num_rounds) == (new, rounds)

@@ -29,7 +29,7 @@ import torch
 from ..errors import SettingsError, SpecvizError
 from .edr import evaluate, greedy_acceptance, state_drafts
 
-MARKOV = {"pld": {}, "dflash": {"cut": "off"}, "dspark": {"cut": "off"}}
+MARKOV = {"pld": {}, "dflash": {"cut": "off", "tree": 0}, "dspark": {"cut": "off"}}
 BLOCK_DRAFTERS = ("dflash", "dspark")   # drafts at all states in batched drafter forwards
 
 

@@ -135,8 +135,10 @@ def replay(drafter: Drafter, rollout: Rollout, target=None, method: str | None =
             verdict = first_branch_only(tree, verdict)
         rnd = _round(len(rounds), n, drafter.name, draft, tree, verdict, y, eos, t_draft)
         rounds.append(rnd)
+        # the features handed back are the committed positions' rows only (a tree's accepted
+        # path, in order), so the kept rows are all of them
         drafter.observe(VerifyFeedback(
-            round=rnd, logits=None, kept_rows=verdict.rows,
+            round=rnd, logits=None, kept_rows=list(range(len(verdict.rows))),
             hidden_states=rollout.hidden_states(n - 1, n + len(rnd.committed) - 1)
             if hidden else None))
         n += len(rnd.committed)

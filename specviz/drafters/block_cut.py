@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..costs import CostModel
+from .block_tree import TreeNode, best_first, expected_accepted
 from .probes import PROBE_GAPS, Paused
 
 DECAY = 0.95     # per round, for the calibration sums
@@ -87,11 +88,15 @@ class BlockCut:
         c = self.conf[i] if i < len(self.conf) else 0.0
         return (a + 1.0) / (c + 1.0)
 
+    def calibrated(self, i: int, c: float) -> float:
+        """Slot ``i``'s (0-based) confidence ``c`` times its calibration factor, capped."""
+        return min(P_MAX, max(0.0, float(c) * self.factor(i)))
+
     def expected(self, confidence: Sequence[float]) -> list[float]:
         """E_k for k = 0 .. len(confidence)."""
         out, surv = [0.0], 1.0
         for i, c in enumerate(confidence):
-            surv *= min(P_MAX, max(0.0, float(c) * self.factor(i)))
+            surv *= self.calibrated(i, c)
             out.append(out[-1] + surv)
         return out
 
@@ -113,17 +118,32 @@ class BlockCut:
         best = max(range(len(value)), key=lambda k: (value[k], -k))
         return best, value
 
+    def choose_tree(self, topk_p: Sequence[Sequence[float]], max_nodes: int
+                    ) -> tuple[list[TreeNode], list[float]]:
+        """A draft tree for a block whose slots have top-word probabilities ``topk_p`` [k, R]
+        (:mod:`.block_tree`): the best-first nodes of the calibrated probabilities, as many as
+        maximise (1 + E_N) / (c(N + 1) + d), N <= ``max_nodes``; and that value for each N."""
+        p = [[self.calibrated(i, c) for c in row] for i, row in enumerate(topk_p)]
+        nodes = best_first(p, max_nodes)
+        e = expected_accepted(nodes)
+        value = [(1.0 + e[n]) / (self.cost.relative(n + 1) + self.draft_cost)
+                 for n in range(len(e))]
+        best = max(range(len(value)), key=lambda n: (value[n], -n))
+        return nodes[:best], value
+
     def wants_forward(self, round_index: int) -> bool:
         """Run the drafter this round? Always, without a :class:`ForwardGate`."""
         return self.gate is None or self.gate.wants(round_index)
 
     def observe(self, confidence: Sequence[float], kept: int, accepted: int,
                 draft_s: float = 0.0, round_index: int = 0, committed: int | None = None,
-                gate_cost: float | None = None) -> None:
-        """Learn from a verified round: slots 1..accepted+1 of the kept prefix were reached.
+                gate_cost: float | None = None, nodes: int | None = None) -> None:
+        """Learn from a verified round: slots 1..accepted+1 of the kept prefix were reached
+        (a tree's ``confidence``: the drafted children's mass at each judged depth,
+        :func:`.block_tree.path_confidence`; its ``nodes``: how many were verified).
         The gate is told the round committed ``committed`` tokens (default accepted + 1) at
-        ``gate_cost`` one-token forwards (default c(kept + 1) + d; a hybrid passes what the
-        drafter added to its lookup tree, :mod:`.hybrid`)."""
+        ``gate_cost`` one-token forwards (default c(nodes + 1) + d, nodes = kept for a chain;
+        a hybrid passes what the drafter added to its lookup tree, :mod:`.hybrid`)."""
         n = len(confidence)
         while len(self.acc) < n:
             self.acc.append(0.0)
@@ -138,6 +158,7 @@ class BlockCut:
             self.draft_cost = 0.8 * self.draft_cost + 0.2 * draft_s / step
         if self.gate is not None:
             done = accepted + 1 if committed is None else committed
-            cost = self.cost.relative(kept + 1) + self.draft_cost if gate_cost is None \
+            width = kept if nodes is None else nodes
+            cost = self.cost.relative(width + 1) + self.draft_cost if gate_cost is None \
                 else gate_cost
             self.gate.observe(round_index, done, cost)

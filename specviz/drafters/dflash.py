@@ -72,6 +72,7 @@ from ..costs import cost_curve
 from ..errors import SettingsError
 from .base import Draft, DraftContext, Drafter, VerifyFeedback
 from .block_cut import BlockCut, ForwardGate, SharedDraft
+from .block_tree import TREE_TOPK, TreeNode, best_first, path_confidence, tree_tokens
 from .context import ContextCache, tapped_features
 from .dflash_checkpoint import (ARCHITECTURE, BUNDLED, BUNDLED_DIR, CONFIG_NAME,  # noqa: F401
                                 MAX_BLOCK_SIZE, WEIGHTS_NAME, _check_compatible, _load_cached,
@@ -83,6 +84,8 @@ from .dflash_model import (DRAFT_VOCAB_KEY, DFlashAttention, DFlashDecoderLayer,
 from .registry import MethodSpec, ParamSpec, params_by_name
 
 TOPK = 4  # drafter top-k ids/probs recorded per slot (rejected-suffix alignment)
+DEFAULT_TREE = 16  # draft tree nodes by default (0: chains; specviz.drafters.block_tree)
+MAX_TREE = 64
 PARAMS = params_by_name(
     ParamSpec("checkpoint", str, "", label="Drafter checkpoint",
               help="A DFlash (or DSpark) drafter folder or hub id (config.json + "
@@ -110,6 +113,12 @@ PARAMS = params_by_name(
                    "and pause the drafter (plain decoding steps, probed now and then) while "
                    "its rounds do not beat plain decoding; block = the cut without the pause; "
                    "off = always draft and verify the whole block."),
+    ParamSpec("tree", int, DEFAULT_TREE, range=(0, MAX_TREE), label="Draft tree nodes",
+              help="0 = draft a chain (each slot's top word). N > 0 = verify the block as a "
+                   "token tree of at most N nodes: the slots' top-4 words, most probable paths "
+                   "first (product of the slots' probabilities), as many as pay for the wider "
+                   "verify (cut auto/block) or exactly N (cut off). Greedy drafts only (draft "
+                   "temperature 0) and targets verifying unpadded trees; lossless either way."),
 )
 
 
@@ -163,9 +172,11 @@ class DFlashDrafter(Drafter):
     def __init__(self, target=None, checkpoint: str | Path | None = None,
                  model: DFlashDraftModel | None = None, block_size: int | None = None,
                  draft_temperature: float = 0.0, seed: int = 0, dtype: str | torch.dtype | None = None,
-                 device: str | None = None, cut: str = "auto", weights: str = "float"):
+                 device: str | None = None, cut: str = "auto", weights: str = "float",
+                 tree: int | None = None):
         if target is None:
             raise SettingsError("dflash needs the target model (make_drafter('dflash', target, ...))")
+        self.tree_nodes = PARAMS["tree"].check(DEFAULT_TREE if tree in (None, "") else tree)
         if checkpoint is not None:
             checkpoint = PARAMS["checkpoint"].check(checkpoint)
         draft_temperature = PARAMS["draft_temperature"].check(draft_temperature)
@@ -176,6 +187,7 @@ class DFlashDrafter(Drafter):
         self.cut: BlockCut | None = None
         self.shared: SharedDraft | None = None   # a draft sharing the verify (hybrid.py)
         self._last_cut: tuple[list[float], int] | None = None
+        self._last_tree: tuple[list[TreeNode], list[list[float]]] | None = None
         if model is None:
             if checkpoint is None or not str(checkpoint).strip():
                 checkpoint = bundled_checkpoint(target)
@@ -359,6 +371,8 @@ class DFlashDrafter(Drafter):
         else:   # greedy: scores over the draft vocabulary's columns only (greedy_scores)
             scores, words = self.greedy_scores(list(ctx.tokens), k)
             probs = torch.softmax(scores, dim=-1)
+        if self._drafts_tree():
+            return self._propose_tree(probs, words, k, extras)
         conf, top = probs.max(-1)
         if words is not None:
             top = words[top]
@@ -393,6 +407,42 @@ class DFlashDrafter(Drafter):
         return Draft(tokens=[int(t) for t in top], q=None,
                      q_token=[round(float(c), 6) for c in conf], extras=extras)
 
+    def _drafts_tree(self) -> bool:
+        """Draft a token tree this round? Only greedy drafts of a drafter scoring slots in
+        parallel, for a target that verifies unpadded trees, outside a hybrid."""
+        return (self.tree_nodes > 0 and self.draft_temperature == 0 and not self.chains
+                and self.shared is None and int(getattr(self.target, "min_width", 1)) <= 1)
+
+    def _propose_tree(self, probs: torch.Tensor, words: torch.Tensor | None, k: int,
+                      extras: dict) -> Draft:
+        """The block as a token tree (:mod:`.block_tree`): the slots' top words, best paths
+        first, as many nodes as the cut finds worth verifying (``tree`` nodes with cut off)."""
+        tk_p, tk_i = probs.topk(min(TREE_TOPK, probs.shape[-1]), dim=-1)
+        if words is not None:
+            tk_i = words[tk_i]
+        raw, ids = tk_p.tolist(), tk_i.tolist()
+        if self.cut is not None:
+            nodes, value = self.cut.choose_tree(raw, self.tree_nodes)
+            self._last_tree = (nodes, raw)
+            extras["cut"] = {"kept": len(nodes), "block": k, "tree": True,
+                             "block_confidence": [round(r[0], 3) for r in raw],
+                             "value": [round(v, 3) for v in value],
+                             **self._gate_state(drafted=True)}
+        else:
+            nodes = best_first(raw, self.tree_nodes)
+        if not nodes:
+            return Draft(extras=extras)
+        tokens, parents = tree_tokens(nodes, ids)
+        q = [round(float(raw[n.slot - 1][n.rank]), 6) for n in nodes]
+        extras["confidence"] = q
+        if all(p == i - 1 for i, p in enumerate(parents)):   # the best tree is a chain
+            extras["topk"], extras["topk_p"] = [r for r in ids[:len(nodes)]], \
+                [[round(x, 3) for x in r] for r in raw[:len(nodes)]]
+            return Draft(tokens=tokens, q=None, q_token=q, extras=extras)
+        extras["tree_slots"] = [n.slot for n in nodes]
+        extras["tree_ranks"] = [n.rank for n in nodes]
+        return Draft(tokens=tokens, parents=parents, q=None, q_token=q, extras=extras)
+
     def _gate_state(self, drafted: bool) -> dict[str, Any]:
         """The forward gate's rate when this round was decided, and whether a drafted round is a
         probe of the paused drafter (the decode page's gate chart); empty without a gate."""
@@ -409,6 +459,14 @@ class DFlashDrafter(Drafter):
             block_conf, kept = cut
             self.cut.observe(block_conf, kept, int(rnd.accepted), float(rnd.t_draft),
                              int(rnd.index), len(rnd.committed))
+        tree, self._last_tree = self._last_tree, None
+        if self.cut is not None and tree is not None and tree[0]:
+            nodes, raw = tree
+            conf = path_confidence(nodes, raw, rnd.path)
+            self.cut.observe(conf, len(conf), int(rnd.accepted), float(rnd.t_draft),
+                             int(rnd.index), len(rnd.committed), nodes=len(nodes))
+        elif self.cut is not None and tree is not None:   # the cut kept no node
+            self.cut.observe([], 0, 0, float(rnd.t_draft), int(rnd.index), len(rnd.committed))
 
     def observe_context(self, feedback: VerifyFeedback) -> None:
         """Queue the newly committed rows' tapped features (the verify forward's hidden states
@@ -434,7 +492,8 @@ class DFlashDrafter(Drafter):
                 "mask": "learned" if self.model.learned_mask else int(self.model.mask_token_id),
                 "draft_vocab_size": None if self.model.draft_vocab is None
                 else int(self.model.draft_vocab.numel()), "cut": self.cut_mode,
-                "weights": self.weights_setting, "weights_in_use": self.weights}
+                "weights": self.weights_setting, "weights_in_use": self.weights,
+                "tree": self.tree_nodes}
 
 
 SPECS = (MethodSpec("dflash", DFlashDrafter, "DFlash", "DFlash: block-diffusion drafter on the "

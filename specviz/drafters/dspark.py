@@ -127,4 +127,4 @@ class DSparkDrafter(DFlashDrafter):
 SPECS = (MethodSpec("dspark", DSparkDrafter, "DSpark", "DSpark: DFlash + a low-rank "
                     "previous-token (Markov) head, block drafted left to right (bundled for "
                     "the embedded model)", kind="learned", needs_target=True,
-                    params=tuple(PARAMS.values())),)
+                    params=tuple(p for p in PARAMS.values() if p.name != "tree")),)

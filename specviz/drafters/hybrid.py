@@ -177,7 +177,7 @@ class HybridDrafter(Drafter):
                  model=None):
         self.lookup_name = PARAMS["lookup"].check(lookup)
         self.block = DFlashDrafter(target, checkpoint=checkpoint, model=model,
-                                   block_size=block_size, cut=cut, weights=weights)
+                                   block_size=block_size, cut=cut, weights=weights, tree=0)
         self.lookup = LOOKUPS[self.lookup_name]()
         self.hidden_state_layers = self.block.hidden_state_layers
         self.first_branch_only = False

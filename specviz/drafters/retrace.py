@@ -245,7 +245,7 @@ class ReTraceDrafter(DFlashDrafter):
             backbone = str(cfg["backbone"])
         super().__init__(target, checkpoint=backbone or None, model=model, block_size=block_size,
                          draft_temperature=draft_temperature, seed=seed, cut=cut, dtype=dtype,
-                         device=device, weights=weights)
+                         device=device, weights=weights, tree=0)
         check_backbone(cfg, self.model)
         self.fusion = fusion.to(device=self.device, dtype=self.dtype).eval()
         self.memory: RejectedMemory | None = None

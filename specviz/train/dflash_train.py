@@ -270,7 +270,8 @@ def simulated_tau_one(model, target, tokens: torch.Tensor, hidden: torch.Tensor,
     from ..analysis.replay import Rollout, replay
     from ..drafters.dflash import DFlashDrafter
 
-    drafter = DFlashDrafter(target, model=model, block_size=block_size or None, cut="off")
+    drafter = DFlashDrafter(target, model=model, block_size=block_size or None, cut="off",
+                            tree=0)   # the chain's tau: what training improves
     rollout = Rollout(tokens.tolist(), int(prompt_len), hidden,
                       [i + 1 for i in model.target_layer_ids])
     trace = replay(drafter, rollout, target, eos_token_ids=set(), token_texts=False)

@@ -163,6 +163,36 @@ def _draw_cut(fig: go.Figure, r, kept: int) -> None:
                   annotation_text=f"cut after {kept}", annotation_position="top")
 
 
+def _tree_slot_bars(fig: go.Figure, trace: Trace, r) -> None:
+    """A block verified as a token tree (:mod:`specviz.drafters.block_tree`): each slot's top
+    probability, coloured by how far the accepted path reached, and the drafter's probability
+    of the word the target accepted at each slot (not always the slot's top word)."""
+    from .tables import join_tokens
+
+    block = block_confidences(r)
+    depth = len(r.path)
+    state = ["accepted" if j <= depth else "first rejected" if j == depth + 1 else "not reached"
+             for j in range(1, len(block) + 1)]
+    colors = {"accepted": CHART_COLORS["accepted"], "first rejected": CHART_COLORS["rejected"],
+              "not reached": "#cbd5e1"}
+    for s in ("accepted", "first rejected", "not reached"):
+        idx = [i for i, x in enumerate(state) if x == s]
+        if idx:
+            fig.add_bar(x=[i + 1 for i in idx], y=[block[i] for i in idx], name=s,
+                        marker_color=colors[s],
+                        hovertemplate="slot %{x}: top word's probability %{y:.3f}<extra>"
+                                      + s + "</extra>")
+    conf = slot_confidences(r)
+    if conf and r.path:
+        words = [repr(join_tokens([r.draft[n]], trace.token_texts))[1:-1] for n in r.path]
+        fig.add_scatter(x=list(range(1, depth + 1)), y=[conf[n] for n in r.path],
+                        mode="markers+text", text=words, textposition="top center",
+                        name="accepted node's probability",
+                        marker=dict(symbol="diamond", size=9, color="#0f172a"),
+                        hovertemplate="slot %{x}: accepted %{text}, drafter p = %{y:.3f}"
+                                      "<extra></extra>")
+
+
 def fig_slot_confidence(trace: Trace, round_index: int) -> go.Figure:
     """One round: the drafter's confidence in each draft slot, coloured by what the target did
     with it (accepted / first rejected / after the rejection), with the target's probability of
@@ -172,7 +202,11 @@ def fig_slot_confidence(trace: Trace, round_index: int) -> go.Figure:
     fig = go.Figure()
     r = trace.rounds[round_index] if 0 <= round_index < len(trace.rounds) else None
     conf = slot_confidences(r) if r is not None else []
-    if r is not None and block_confidences(r):
+    if r is not None and r.is_tree and block_confidences(r):
+        _tree_slot_bars(fig, trace, r)
+        title = (f"Round {r.index + 1}: drafter confidence per slot (verified as a tree of "
+                 f"{len(r.draft)} nodes)")
+    elif r is not None and block_confidences(r):
         colors = {"accepted": CHART_COLORS["accepted"], "first rejected": CHART_COLORS["rejected"],
                   "not reached": "#cbd5e1"}
         states = [s.replace("_", " ") for s in r.node_status()[:len(conf)]]
@@ -211,11 +245,16 @@ def fig_slot_confidence(trace: Trace, round_index: int) -> go.Figure:
 
 def confidence_calibration(trace: Trace, bins: int = 5) -> pd.DataFrame:
     """Drafted tokens the target actually judged (accepted ones + the first rejected one per
-    round), binned by drafter confidence: count and observed acceptance rate per bin."""
+    round; of a tree round every node judged on a correct prefix), binned by drafter
+    confidence: count and observed acceptance rate per bin."""
     rows = []
     for r in trace.rounds:
+        if r.is_tree:   # every node judged on a correct prefix, accepted or not
+            rows += [(c, s == "accepted") for c, s in zip(slot_confidences(r), r.node_status())
+                     if s != "not_reached"]
+            continue
         for k, c in enumerate(slot_confidences(r)):
-            if k <= r.accepted and not r.is_tree:
+            if k <= r.accepted:
                 rows.append((c, k < r.accepted))
     edges = [i / bins for i in range(bins + 1)]
     out = []

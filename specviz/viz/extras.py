@@ -70,6 +70,14 @@ def _dflash(ex: dict, r: Round) -> str:
         return ("drafter paused: a plain decoding step with no drafter forward (its recent "
                 f"rounds committed {cut.get('rate', '?')} tokens per step's cost, less than "
                 "plain decoding's 1)")
+    if isinstance(cut, dict) and cut.get("tree"):
+        kept = int(cut.get("kept", 0))
+        if not r.draft:
+            return words + "; no tree node would pay for the longer verify: a plain step"
+        depth = max(r.tree.depths) if r.draft else 0
+        return (words + f"; verified as a tree of {len(r.draft)} node(s) over {depth} slot(s) "
+                f"(the slots' top words, most probable paths first; {kept} paid for the "
+                "wider verify)")
     if isinstance(cut, dict) and cut.get("block"):
         kept, block = int(cut.get("kept", 0)), int(cut["block"])
         if kept < block:

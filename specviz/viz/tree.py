@@ -215,3 +215,18 @@ def _figure_layout(fig: go.Figure, title: str, max_x: float, rows: float, height
     fig.update_xaxes(visible=False, range=[-0.6, max(max_x, 8.0) + 0.6])
     fig.update_yaxes(visible=False, range=[rows - 0.4, -0.6])  # first branch on top
     return fig
+
+
+def block_tree_figure(trace: Trace, round_index: int) -> go.Figure:
+    """A DFlash block verified as a token tree (:mod:`specviz.drafters.block_tree`): the round's
+    tree, each node's hover naming its word's rank in its slot and the drafter's probability."""
+    r = trace.rounds[round_index] if 0 <= round_index < len(trace.rounds) else None
+    ex = (r.extras or {}) if r is not None else {}
+    ranks, conf = ex.get("tree_ranks") or [], ex.get("confidence") or []
+    notes = None
+    if r is not None and len(ranks) == len(r.draft) == len(conf):
+        order = ("top", "2nd", "3rd")
+        notes = [f"the slot's {order[k] if k < 3 else f'{k + 1}th'} word, drafter p = {p:.3f}"
+                 for k, p in zip(ranks, conf)]
+    return branch_tree_figure(trace, round_index, node_notes=notes,
+                              subtitle=" · the block's top words, most probable paths first")
