@@ -16,8 +16,7 @@ from test_dflash import qwen3_target  # noqa: F401  (fixture)
 from specviz.analysis.lossless import compare_outputs
 from specviz.costs import CostModel
 from specviz.drafters.block_cut import BlockCut
-from specviz.drafters.block_tree import (TreeNode, best_first, expected_accepted,
-                                         path_confidence, tree_tokens)
+from specviz.drafters.block_tree import best_first, path_confidence, tree_tokens
 from specviz.drafters.dflash import DFlashDrafter, new_dflash_for_target
 from specviz.engine import DecodeSettings, Session, generate
 from specviz.errors import SettingsError
@@ -63,7 +62,7 @@ def test_expected_tokens_words_and_what_calibration_learns():
     nodes = best_first(p, 4)
     # 0.6 (slot 1 rank 0), 0.35 (s1 r1), 0.6*0.5, 0.6*0.4
     assert [(n.slot, n.rank) for n in nodes] == [(1, 0), (1, 1), (2, 0), (2, 1)]
-    assert expected_accepted(nodes) == pytest.approx([0, 0.6, 0.95, 1.25, 1.49])
+    assert [n.prob for n in nodes] == pytest.approx([0.6, 0.35, 0.3, 0.24])
     tokens, parents = tree_tokens(nodes, [[10, 11], [20, 21]])
     assert tokens == [10, 11, 20, 21] and parents == [-1, -1, 0, 0]
     # path [] (slot 1 rejected): depth 1 judged, the drafted mass there 0.95;

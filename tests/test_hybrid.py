@@ -39,6 +39,18 @@ def test_merge_puts_the_block_first_and_labels_every_node():
     assert chain.parents is None and chain.tokens == [5, 6, 7] and src == ["both", "both", "block"]
 
 
+def test_merge_keeps_a_block_tree_first():
+    """A block verified as a tree (the DFlash default): its nodes keep their numbers, so its
+    per-node extras index the merged draft; lookup branches reuse what the tree spells."""
+    block = Draft(tokens=[5, 9, 6, 7], parents=[-1, -1, 0, 2], q_token=[0.6, 0.3, 0.5, 0.4])
+    lookup = Draft(tokens=[5, 6, 8])                 # 5 -> 6 exists in the tree, 8 is new
+    merged, source = merge(block, lookup)
+    assert merged.tokens[:4] == block.tokens and merged.parents[:4] == block.parents
+    assert merged.tokens[4:] == [8] and merged.parents[4:] == [2]
+    assert source == ["both", "block", "both", "block", "lookup"]
+    assert merged.q_token == [0.6, 0.3, 0.5, 0.4, None]
+
+
 def test_branches_and_matched_path():
     d = Draft(tokens=[1, 2, 3, 4], parents=[-1, 0, -1, 2])
     assert branches(d) == [[1, 2], [3, 4]]
@@ -85,6 +97,13 @@ def test_the_cut_weighs_block_slots_by_what_the_lookup_would_miss():
     beside_wrong, value = cut.choose(conf, SharedDraft(4, (0.0,) * 4))
     assert 1 <= beside_wrong <= alone and len(value) == len(conf) + 1
     assert cut.choose(conf, None) == cut.choose(conf)
+    # the same for a block verified as a tree
+    p = [[c, (1 - c) / 2] for c in conf]
+    tree_alone, _ = cut.choose_tree(p, 16)
+    assert len(tree_alone) >= 3
+    assert cut.choose_tree(p, 16, SharedDraft(4, (1.0,) * 4))[0] == []
+    wrong, value = cut.choose_tree(p, 16, SharedDraft(4, (0.0,) * 4))
+    assert 1 <= len(wrong) <= len(tree_alone) and len(value) == 17
 
 
 # ----------------------------------------------------------------------------- losslessness
@@ -108,7 +127,7 @@ def test_greedy_lossless_with_trees_and_one_forward_per_round(lookup, tiny_targe
         return forward(*a, **k)
 
     monkeypatch.setattr(target.model, "forward", counted)
-    sources = set()
+    sources, trees = set(), 0
     for i in range(6):
         ids = repetitive_prompt(rng, 64, rng.randint(12, 30))
         s = DecodeSettings(max_new_tokens=rng.randint(12, 30))
@@ -138,7 +157,12 @@ def test_greedy_lossless_with_trees_and_one_forward_per_round(lookup, tiny_targe
             src = r.extras["hybrid"]["source"]
             assert len(src) == len(r.draft)
             sources.update(src[n] for n in r.path)
+            block_tree = r.extras.get("tree_slots")
+            if block_tree:     # the block drafted a tree: its nodes come first
+                trees += 1
+                assert src[:len(block_tree)].count("lookup") == 0
     assert {"block", "lookup"} <= sources, sources
+    assert trees > 0
 
 
 def test_a_padded_target_verifies_one_drafters_draft_per_round(tiny_target, monkeypatch):
@@ -185,7 +209,7 @@ def test_the_gate_is_told_what_the_block_added(tiny_target, monkeypatch):
     Session(target, drafter, ids, DecodeSettings(max_new_tokens=8))   # begin(): prefill, cut
     heard = []
     monkeypatch.setattr(drafter.block.cut, "observe",
-                        lambda conf, kept, acc, s, i, committed=None, gate_cost=None:
+                        lambda conf, kept, acc, s, i, committed=None, gate_cost=None, **kw:
                         heard.append((kept, acc, committed, gate_cost)))
     block = Draft(tokens=[7, 8, 1])
     for lookup, expect_committed in ((Draft(tokens=[7, 8, 5]), 1), (Draft(), 3)):

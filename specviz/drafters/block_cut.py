@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..costs import CostModel
-from .block_tree import TreeNode, best_first, expected_accepted
+from .block_tree import TreeNode, best_first
 from .probes import PROBE_GAPS, Paused
 
 DECAY = 0.95     # per round, for the calibration sums
@@ -118,15 +118,22 @@ class BlockCut:
         best = max(range(len(value)), key=lambda k: (value[k], -k))
         return best, value
 
-    def choose_tree(self, topk_p: Sequence[Sequence[float]], max_nodes: int
-                    ) -> tuple[list[TreeNode], list[float]]:
+    def choose_tree(self, topk_p: Sequence[Sequence[float]], max_nodes: int,
+                    shared: "SharedDraft | None" = None) -> tuple[list[TreeNode], list[float]]:
         """A draft tree for a block whose slots have top-word probabilities ``topk_p`` [k, R]
         (:mod:`.block_tree`): the best-first nodes of the calibrated probabilities, as many as
-        maximise (1 + E_N) / (c(N + 1) + d), N <= ``max_nodes``; and that value for each N."""
+        maximise (1 + E_N) / (c(N + 1) + d), N <= ``max_nodes``; and that value for each N.
+        With a ``shared`` draft (as in :meth:`choose`): a node at depth j adds its P times
+        (1 - s_j) -- paths of one depth are disjoint, so P(block >= j) is their sum -- and the
+        verify covers the other draft's nodes too."""
         p = [[self.calibrated(i, c) for c in row] for i, row in enumerate(topk_p)]
         nodes = best_first(p, max_nodes)
-        e = expected_accepted(nodes)
-        value = [(1.0 + e[n]) / (self.cost.relative(n + 1) + self.draft_cost)
+        base, other = (shared.width, list(shared.survival)) if shared is not None else (0, [])
+        e = [0.0]
+        for n in nodes:
+            s_j = other[n.slot - 1] if n.slot - 1 < len(other) else 0.0
+            e.append(e[-1] + n.prob * (1.0 - s_j))
+        value = [(1.0 + sum(other) + e[n]) / (self.cost.relative(base + n + 1) + self.draft_cost)
                  for n in range(len(e))]
         best = max(range(len(value)), key=lambda n: (value[n], -n))
         return nodes[:best], value

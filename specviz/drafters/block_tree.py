@@ -66,14 +66,6 @@ def best_first(p: Sequence[Sequence[float]], max_nodes: int) -> list[TreeNode]:
     return out
 
 
-def expected_accepted(nodes: Sequence[TreeNode]) -> list[float]:
-    """E_N for N = 0 .. len(nodes): the summed path probability of the first N nodes."""
-    out = [0.0]
-    for n in nodes:
-        out.append(out[-1] + n.prob)
-    return out
-
-
 def tree_tokens(nodes: Sequence[TreeNode], ids: Sequence[Sequence[int]]
                 ) -> tuple[list[int], list[int]]:
     """(tokens, parents) of the nodes, ``ids`` [k, R] the slots' top word ids."""

@@ -112,7 +112,8 @@ PARAMS = params_by_name(
                    "pay for the longer verify (measured cost model, calibrated confidence), "
                    "and pause the drafter (plain decoding steps, probed now and then) while "
                    "its rounds do not beat plain decoding; block = the cut without the pause; "
-                   "off = always draft and verify the whole block."),
+                   "off = always draft and verify the whole block (a tree: exactly 'tree' "
+                   "nodes)."),
     ParamSpec("tree", int, DEFAULT_TREE, range=(0, MAX_TREE), label="Draft tree nodes",
               help="0 = draft a chain (each slot's top word). N > 0 = verify the block as a "
                    "token tree of at most N nodes: the slots' top-4 words, most probable paths "
@@ -409,9 +410,9 @@ class DFlashDrafter(Drafter):
 
     def _drafts_tree(self) -> bool:
         """Draft a token tree this round? Only greedy drafts of a drafter scoring slots in
-        parallel, for a target that verifies unpadded trees, outside a hybrid."""
+        parallel, for a target that verifies unpadded trees."""
         return (self.tree_nodes > 0 and self.draft_temperature == 0 and not self.chains
-                and self.shared is None and int(getattr(self.target, "min_width", 1)) <= 1)
+                and int(getattr(self.target, "min_width", 1)) <= 1)
 
     def _propose_tree(self, probs: torch.Tensor, words: torch.Tensor | None, k: int,
                       extras: dict) -> Draft:
@@ -422,7 +423,7 @@ class DFlashDrafter(Drafter):
             tk_i = words[tk_i]
         raw, ids = tk_p.tolist(), tk_i.tolist()
         if self.cut is not None:
-            nodes, value = self.cut.choose_tree(raw, self.tree_nodes)
+            nodes, value = self.cut.choose_tree(raw, self.tree_nodes, self.shared)
             self._last_tree = (nodes, raw)
             extras["cut"] = {"kept": len(nodes), "block": k, "tree": True,
                              "block_confidence": [round(r[0], 3) for r in raw],
@@ -454,19 +455,11 @@ class DFlashDrafter(Drafter):
     def observe(self, feedback: VerifyFeedback) -> None:
         rnd = feedback.round
         self.observe_context(feedback)
-        cut = self.pop_cut()
-        if self.cut is not None and cut is not None:
-            block_conf, kept = cut
-            self.cut.observe(block_conf, kept, int(rnd.accepted), float(rnd.t_draft),
-                             int(rnd.index), len(rnd.committed))
-        tree, self._last_tree = self._last_tree, None
-        if self.cut is not None and tree is not None and tree[0]:
-            nodes, raw = tree
-            conf = path_confidence(nodes, raw, rnd.path)
-            self.cut.observe(conf, len(conf), int(rnd.accepted), float(rnd.t_draft),
-                             int(rnd.index), len(rnd.committed), nodes=len(nodes))
-        elif self.cut is not None and tree is not None:   # the cut kept no node
-            self.cut.observe([], 0, 0, float(rnd.t_draft), int(rnd.index), len(rnd.committed))
+        view = self.pop_cut(rnd.path)
+        if self.cut is not None and view is not None:
+            conf, kept, nodes = view
+            self.cut.observe(conf, kept, int(rnd.accepted), float(rnd.t_draft), int(rnd.index),
+                             len(rnd.committed), nodes=nodes)
 
     def observe_context(self, feedback: VerifyFeedback) -> None:
         """Queue the newly committed rows' tapped features (the verify forward's hidden states
@@ -478,11 +471,20 @@ class DFlashDrafter(Drafter):
         self._crop(start)
         self._append(feedback.hidden_states, rows, start)
 
-    def pop_cut(self) -> tuple[list[float], int] | None:
-        """(block confidence, kept slots) of the last drafted round's cut, once; None when the
-        round drafted no block (paused, no budget) or runs without a cut."""
+    def pop_cut(self, path: list[int]) -> tuple[list[float], int, int] | None:
+        """What the cut learns from the last drafted block, once, given the accepted ``path``
+        of its nodes: (confidence, kept depths, verified nodes) for
+        :meth:`.block_cut.BlockCut.observe` -- a chain's block confidence and kept slots, a
+        tree's drafted mass at each judged depth (:func:`.block_tree.path_confidence`).
+        None when the round drafted no block (paused, no budget) or runs without a cut."""
         cut, self._last_cut = self._last_cut, None
-        return cut
+        tree, self._last_tree = self._last_tree, None
+        if cut is not None:
+            return cut[0], cut[1], cut[1]
+        if tree is None:
+            return None
+        conf = path_confidence(tree[0], tree[1], path) if tree[0] else []
+        return conf, len(conf), len(tree[0])
 
     def config(self) -> dict[str, Any]:
         return {"checkpoint": self.checkpoint, "block_size": self.block_size,

@@ -17,9 +17,11 @@ Each round:
    (1 + E[max]) / (c(w + k + 1) + d), P(max >= j) = s_j + b_j (1 - s_j) -- block nodes are
    worth little where lookup is likely right anyway, and on a CPU every verified node costs
    (the verify forward grows by a few % of a step per token, :mod:`specviz.costs`);
-3. the block's chain and the lookup's branches are merged into one trie, the block first (its
-   nodes are 0..k-1, so its per-slot extras index the merged draft); one target forward
-   verifies it (the engine's tree mask); the longest accepted path wins.
+3. the block's draft -- a chain, or by default a tree of its slots' top words
+   (:mod:`.block_tree`, sized by the same cut: a node at depth j adds P(node) (1 - s_j)) -- and
+   the lookup's branches are merged into one trie, the block first (its nodes keep their
+   numbers 0..k-1, so its per-node extras index the merged draft); one target forward verifies
+   it (the engine's tree mask); the longest accepted path wins.
 
 Each drafter then learns from the round as its OWN draft would have fared
 (:func:`own_round`: under greedy verification exact -- its draft against the committed tokens;
@@ -58,7 +60,7 @@ PARAMS = params_by_name(
               help="The model-free drafter whose draft shares each round's verify forward with "
                    "the DFlash block: adapld (with its history store) or plain pld."),
     DFLASH_PARAMS["checkpoint"], DFLASH_PARAMS["block_size"], DFLASH_PARAMS["cut"],
-    DFLASH_PARAMS["weights"],
+    DFLASH_PARAMS["weights"], DFLASH_PARAMS["tree"],
 )
 
 
@@ -85,15 +87,33 @@ def matched_path(tree: TokenTree, committed: list[int]) -> list[int]:
     return path
 
 
+def graft(tree: TokenTree, seqs: list[list[int]]) -> TokenTree:
+    """``tree`` (its nodes kept, in order) with the token sequences ``seqs`` added from the
+    root as a trie: shared prefixes reuse existing nodes, new nodes are appended."""
+    out = TokenTree(list(tree.tokens), list(tree.parents))
+    index = {(p, t): i for i, (p, t) in enumerate(zip(out.parents, out.tokens))}
+    for seq in seqs:
+        parent = -1
+        for tok in map(int, seq):
+            node = index.get((parent, tok))
+            if node is None:
+                node = len(out.tokens)
+                out.tokens.append(tok)
+                out.parents.append(parent)
+                index[(parent, tok)] = node
+            parent = node
+    return out
+
+
 def merge(block: Draft, lookup: Draft) -> tuple[Draft, list[str]]:
     """One draft verifying both: (the merged draft, each node's source: ``block``, ``lookup``
-    or ``both``). The block's chain goes first, so its k tokens are nodes 0..k-1."""
+    or ``both``). The block's chain or tree goes first, so its k nodes are nodes 0..k-1."""
     if not lookup.tokens:
         return block, ["block"] * len(block.tokens)
     if not block.tokens:
         return lookup, ["lookup"] * len(lookup.tokens)
     lookup_seqs = branches(lookup)
-    tree = TokenTree.from_sequences([block.tokens] + lookup_seqs)
+    tree = graft(block.tree, lookup_seqs)
     source = ["block"] * len(block.tokens) + ["lookup"] * (len(tree) - len(block.tokens))
     for seq in lookup_seqs:          # block nodes a lookup branch also spells
         for node in matched_path(tree, seq):
@@ -174,10 +194,10 @@ class HybridDrafter(Drafter):
 
     def __init__(self, target=None, lookup: str = "adapld", checkpoint: str | None = None,
                  block_size: int | None = None, cut: str = "auto", weights: str = "float",
-                 model=None):
+                 tree: int | None = None, model=None):
         self.lookup_name = PARAMS["lookup"].check(lookup)
         self.block = DFlashDrafter(target, checkpoint=checkpoint, model=model,
-                                   block_size=block_size, cut=cut, weights=weights, tree=0)
+                                   block_size=block_size, cut=cut, weights=weights, tree=tree)
         self.lookup = LOOKUPS[self.lookup_name]()
         self.hidden_state_layers = self.block.hidden_state_layers
         self.first_branch_only = False
@@ -237,11 +257,14 @@ class HybridDrafter(Drafter):
         rate = self.record.rate                   # what the block must beat (before this round)
         self.record.observe(lookup.tree.depth if lookup.tokens else 0,
                             own_lookup.accepted, lookup_cost)
-        cut = self.block.pop_cut()
-        if cut is None or c is None:
+        path = matched_path(block.tree, list(rnd.committed))   # the block's own nodes
+        view = self.block.pop_cut(path)
+        if view is None or c is None:
             return
-        block_conf, kept = cut
-        acc = own_round(rnd, block).accepted
+        block_conf, kept, nodes = view
+        acc = min(len(path), len(rnd.committed))
+        if nodes and len(path) >= len(rnd.committed):   # censored: judged only up to there
+            block_conf, kept = block_conf[:acc], min(kept, acc)
         gained = max(0, acc - own_lookup.accepted)
         share = max(0.0, c.relative(len(rnd.draft) + 1) - lookup_cost)
         # the gate pauses the block where what it adds per unit of its own cost (its forward and

@@ -182,10 +182,11 @@ def _tree_slot_bars(fig: go.Figure, trace: Trace, r) -> None:
                         marker_color=colors[s],
                         hovertemplate="slot %{x}: top word's probability %{y:.3f}<extra>"
                                       + s + "</extra>")
-    conf = slot_confidences(r)
-    if conf and r.path:
-        words = [repr(join_tokens([r.draft[n]], trace.token_texts))[1:-1] for n in r.path]
-        fig.add_scatter(x=list(range(1, depth + 1)), y=[conf[n] for n in r.path],
+    conf = slot_confidences(r)   # a hybrid's merged tree: the block's nodes come first
+    path = [n for n in r.path if n < len(conf)]
+    if path:
+        words = [repr(join_tokens([r.draft[n]], trace.token_texts))[1:-1] for n in path]
+        fig.add_scatter(x=[i + 1 for i in range(len(path))], y=[conf[n] for n in path],
                         mode="markers+text", text=words, textposition="top center",
                         name="accepted node's probability",
                         marker=dict(symbol="diamond", size=9, color="#0f172a"),
