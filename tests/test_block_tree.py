@@ -266,3 +266,22 @@ def test_views_of_a_tree_round(tiny_target):
     tree = viz.block_tree_figure(tr, i)
     hovers = " ".join(str(h) for t in tree.data for h in (t.hovertext or []))
     assert "the slot&#x27;s top word" in hovers and "2nd word" in hovers
+
+
+@pytest.mark.integration
+def test_the_decode_page_draws_a_tree_round():
+    """The app with the bundled drafter verifying whole trees (cut off): the round is a tree,
+    the decode page draws it (AppTest)."""
+    from test_app import assert_clean, new_app
+
+    at = new_app()
+    at.selectbox(key="method").set_value("dflash").run()
+    at.selectbox(key="param_dflash_cut").set_value("off").run()
+    assert_clean(at)
+    at.button(key="next").click().run()
+    assert_clean(at)
+    trace = at.session_state["dec_trace"]
+    assert trace.meta["drafter_config"]["tree"] == 16 and trace.rounds[-1].is_tree
+    specs = [c.proto.spec for c in at.get("plotly_chart")]
+    assert any("most probable paths first" in s for s in specs)
+    assert any("verified as a tree of" in s for s in specs)
