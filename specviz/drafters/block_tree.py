@@ -28,6 +28,8 @@ import heapq
 from dataclasses import dataclass
 from typing import Sequence
 
+from .base import Draft
+
 TREE_TOPK = 4   # words per slot a tree may branch on
 
 
@@ -70,6 +72,25 @@ def tree_tokens(nodes: Sequence[TreeNode], ids: Sequence[Sequence[int]]
                 ) -> tuple[list[int], list[int]]:
     """(tokens, parents) of the nodes, ``ids`` [k, R] the slots' top word ids."""
     return [int(ids[n.slot - 1][n.rank]) for n in nodes], [n.parent for n in nodes]
+
+
+def tree_draft(nodes: Sequence[TreeNode], raw: Sequence[Sequence[float]],
+               ids: Sequence[Sequence[int]], extras: dict) -> Draft:
+    """The nodes as a deterministic draft (q = point masses; ``q_token`` and ``confidence``:
+    each node's raw slot probability). A tree that is a chain is drafted as a chain (with the
+    per-slot top-k a chain records); a tree records each node's slot and rank."""
+    if not nodes:
+        return Draft(extras=extras)
+    tokens, parents = tree_tokens(nodes, ids)
+    q = [round(float(raw[n.slot - 1][n.rank]), 6) for n in nodes]
+    extras["confidence"] = q
+    if all(p == i - 1 for i, p in enumerate(parents)):   # the best tree is a chain
+        extras["topk"] = [list(r) for r in ids[:len(nodes)]]
+        extras["topk_p"] = [[round(x, 3) for x in r] for r in raw[:len(nodes)]]
+        return Draft(tokens=tokens, q=None, q_token=q, extras=extras)
+    extras["tree_slots"] = [n.slot for n in nodes]
+    extras["tree_ranks"] = [n.rank for n in nodes]
+    return Draft(tokens=tokens, parents=parents, q=None, q_token=q, extras=extras)
 
 
 def path_confidence(nodes: Sequence[TreeNode], raw: Sequence[Sequence[float]],

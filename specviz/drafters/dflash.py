@@ -72,7 +72,7 @@ from ..costs import cost_curve
 from ..errors import SettingsError
 from .base import Draft, DraftContext, Drafter, VerifyFeedback
 from .block_cut import BlockCut, ForwardGate, SharedDraft
-from .block_tree import TREE_TOPK, TreeNode, best_first, path_confidence, tree_tokens
+from .block_tree import TREE_TOPK, TreeNode, best_first, path_confidence, tree_draft
 from .context import ContextCache, tapped_features
 from .dflash_checkpoint import (ARCHITECTURE, BUNDLED, BUNDLED_DIR, CONFIG_NAME,  # noqa: F401
                                 MAX_BLOCK_SIZE, WEIGHTS_NAME, _check_compatible, _load_cached,
@@ -431,18 +431,7 @@ class DFlashDrafter(Drafter):
                              **self._gate_state(drafted=True)}
         else:
             nodes = best_first(raw, self.tree_nodes)
-        if not nodes:
-            return Draft(extras=extras)
-        tokens, parents = tree_tokens(nodes, ids)
-        q = [round(float(raw[n.slot - 1][n.rank]), 6) for n in nodes]
-        extras["confidence"] = q
-        if all(p == i - 1 for i, p in enumerate(parents)):   # the best tree is a chain
-            extras["topk"], extras["topk_p"] = [r for r in ids[:len(nodes)]], \
-                [[round(x, 3) for x in r] for r in raw[:len(nodes)]]
-            return Draft(tokens=tokens, q=None, q_token=q, extras=extras)
-        extras["tree_slots"] = [n.slot for n in nodes]
-        extras["tree_ranks"] = [n.rank for n in nodes]
-        return Draft(tokens=tokens, parents=parents, q=None, q_token=q, extras=extras)
+        return tree_draft(nodes, raw, ids, extras)
 
     def _gate_state(self, drafted: bool) -> dict[str, Any]:
         """The forward gate's rate when this round was decided, and whether a drafted round is a
