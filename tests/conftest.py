@@ -156,6 +156,35 @@ def assert_same_law(counts, exact, tv_tol, alpha=1e-3):
     assert tv < tv_tol, f"TV {tv:.3f}"
 
 
+def count_forwards(monkeypatch, target) -> dict:
+    """Count the target model's forward calls from now on: the returned dict's ``n``."""
+    calls = {"n": 0}
+    forward = target.model.forward
+
+    def counted(*a, **k):
+        calls["n"] += 1
+        return forward(*a, **k)
+
+    monkeypatch.setattr(target.model, "forward", counted)
+    return calls
+
+
+def assert_sampling_lossless(target, prompt, drafter_fn, min_trees: int = 0, n: int = 3000):
+    """Speculative sampling (T 0.9, top-p 0.95) with ``drafter_fn(seed)`` keeps the target's law
+    of the first two tokens (:func:`assert_same_law`), and drafts were really accepted (> 100
+    tokens over the runs; at least ``min_trees`` tree rounds)."""
+    used = {"accepted": 0, "trees": 0}
+
+    def on_trace(tr):
+        used["accepted"] += sum(r.accepted for r in tr.rounds)
+        used["trees"] += sum(r.is_tree for r in tr.rounds)
+
+    counts, exact = first_two_token_counts(target, prompt, drafter_fn, n,
+                                           dict(temperature=0.9, top_p=0.95), on_trace=on_trace)
+    assert_same_law(counts, exact, tv_tol=0.13)
+    assert used["accepted"] > 100 and used["trees"] >= min_trees, used
+
+
 def repetitive_prompt(rng, vocab: int, length: int) -> list[int]:
     """Random token ids that mostly repeat one short pattern (so lookup drafts get accepted)."""
     base = [rng.randrange(3, vocab) for _ in range(rng.randint(3, 8))]

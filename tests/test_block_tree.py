@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from conftest import assert_same_law, first_two_token_counts, sampling_pair
+from conftest import assert_sampling_lossless, count_forwards, sampling_pair
 from test_dflash import qwen3_target  # noqa: F401  (fixture)
 from specviz.analysis.lossless import compare_outputs
 from specviz.costs import CostModel
@@ -124,14 +124,7 @@ def test_greedy_lossless_with_trees_and_one_forward_per_round(kind, tiny_target,
     forward, the drafter's context follows the accepted path."""
     target = tiny_target if kind == "llama" else qwen3_target
     vocab = target.model.config.vocab_size
-    calls = {"n": 0}
-    forward = target.model.forward
-
-    def counted(*a, **k):
-        calls["n"] += 1
-        return forward(*a, **k)
-
-    monkeypatch.setattr(target.model, "forward", counted)
+    calls = count_forwards(monkeypatch, target)
     rng = random.Random(12)
     trees = 0
     for i in range(8):
@@ -199,19 +192,8 @@ def test_trees_are_accepted_along_second_choices(tiny_target, monkeypatch):
 
 def test_sampling_with_trees_keeps_target_distribution():
     target, model = sampling_pair()
-    used = {"accepted": 0, "trees": 0}
-
-    def on_trace(tr):
-        used["accepted"] += sum(r.accepted for r in tr.rounds)
-        used["trees"] += sum(r.is_tree for r in tr.rounds)
-
-    def drafter_fn(seed):
-        return DFlashDrafter(target, model=model, tree=6, cut="off", seed=seed)
-
-    counts, exact = first_two_token_counts(target, [3, 7, 5], drafter_fn, 3000,
-                                           dict(temperature=0.9, top_p=0.95), on_trace=on_trace)
-    assert_same_law(counts, exact, tv_tol=0.13)
-    assert used["accepted"] > 100 and used["trees"] > 100, used
+    assert_sampling_lossless(target, [3, 7, 5], lambda seed: DFlashDrafter(
+        target, model=model, tree=6, cut="off", seed=seed), min_trees=101)
 
 
 def test_tree_rounds_record_and_describe_their_cut(tiny_target):

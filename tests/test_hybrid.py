@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import assert_same_law, first_two_token_counts, repetitive_prompt, sampling_pair
+from conftest import assert_sampling_lossless, count_forwards, repetitive_prompt, sampling_pair
 from specviz.analysis.lossless import compare_outputs
 from specviz.drafters import make_drafter
 from specviz.drafters.base import Draft
@@ -119,14 +119,7 @@ def test_greedy_lossless_with_trees_and_one_forward_per_round(lookup, tiny_targe
     every round is one target forward."""
     target = tiny_target
     rng = random.Random(3)
-    calls = {"n": 0}
-    forward = target.model.forward
-
-    def counted(*a, **k):
-        calls["n"] += 1
-        return forward(*a, **k)
-
-    monkeypatch.setattr(target.model, "forward", counted)
+    calls = count_forwards(monkeypatch, target)
     sources, trees = set(), 0
     for i in range(6):
         ids = repetitive_prompt(rng, 64, rng.randint(12, 30))
@@ -184,19 +177,8 @@ def test_a_padded_target_verifies_one_drafters_draft_per_round(tiny_target, monk
 
 def test_sampling_keeps_target_distribution():
     target, model = sampling_pair()
-    used = {"accepted": 0, "trees": 0}
-
-    def on_trace(tr):
-        used["accepted"] += sum(r.accepted for r in tr.rounds)
-        used["trees"] += sum(r.is_tree for r in tr.rounds)
-
-    def drafter_fn(seed):
-        return HybridDrafter(target, lookup="pld", model=model, cut="off")
-
-    counts, exact = first_two_token_counts(target, [3, 7, 5, 3, 7, 5, 3, 7], drafter_fn, 3000,
-                                           dict(temperature=0.9, top_p=0.95), on_trace=on_trace)
-    assert_same_law(counts, exact, tv_tol=0.13)
-    assert used["accepted"] > 100 and used["trees"] > 100, used
+    assert_sampling_lossless(target, [3, 7, 5, 3, 7, 5, 3, 7], lambda seed: HybridDrafter(
+        target, lookup="pld", model=model, cut="off"), min_trees=101)
 
 
 # ----------------------------------------------------------------------------- the gate
