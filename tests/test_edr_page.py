@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specviz.analysis.edr import evaluate
-from specviz.analysis.offline_eval import DrafterSpec, prompt_mrp
+from specviz.analysis.offline_eval import MARKOV, DrafterSpec, prompt_mrp
 from specviz.drafters import make_drafter
 from specviz.drafters.dflash import new_dflash_for_target, save_dflash_checkpoint
 from specviz.engine import DecodeSettings, Session
@@ -28,7 +28,7 @@ def test_prompt_mrp_equals_real_runs(tiny_target, tmp_path):
         model.markov_out.weight.normal_(0.0, 2.0, generator=torch.Generator().manual_seed(1))
     save_dflash_checkpoint(model, tmp_path / "ds")
     specs = [DrafterSpec("pld", "pld", {}),
-             DrafterSpec("dflash", "dflash", {"cut": "off", "checkpoint": str(tmp_path / "d")}),
+             DrafterSpec("dflash", "dflash", {**MARKOV["dflash"], "checkpoint": str(tmp_path / "d")}),
              DrafterSpec("dspark", "dspark", {"cut": "off", "checkpoint": str(tmp_path / "ds")})]
     for ids in ([5, 9, 5, 9, 5, 9, 7], [3, 4, 5, 6, 3, 4, 5]):
         res = prompt_mrp(tiny_target, ids, specs, 20)

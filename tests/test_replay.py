@@ -106,7 +106,8 @@ def test_replay_and_edr_equal_real_greedy_sessions_on_embedded_prompts(embedded_
     from specviz.analysis.edr import evaluate, greedy_acceptance, state_drafts
 
     layers = None
-    params = {"cut": "off"} if method == "dflash" else {}  # the cut plans with timed forwards
+    # the cut plans with timed forwards; EDR's acceptance is a chain's (offline_eval.MARKOV)
+    params = {"cut": "off", "tree": 0} if method == "dflash" else {}
     if method == "dflash":
         layers = make_drafter("dflash", embedded_target).hidden_state_layers
     for row in example_prompts(4):
@@ -118,6 +119,11 @@ def test_replay_and_edr_equal_real_greedy_sessions_on_embedded_prompts(embedded_
                               embedded_target)
         res = evaluate(greedy_acceptance(drafts, ro.tokens[ro.prompt_len:], K=16))
         assert res.edr == live.num_rounds, row["id"]
+        if method == "dflash":   # the default draft trees (16 nodes): replayed == live too
+            trees = live_run(embedded_target, method, ro, cut="off")
+            assert any(r.is_tree for r in trees.rounds)
+            same_rounds(trees, replay(make_drafter(method, embedded_target, cut="off"), ro,
+                                      embedded_target))
 
 
 def test_replay_keeps_the_first_branch_rule_of_padded_numerics(tiny_target):
