@@ -42,11 +42,14 @@ class TokenTree:
         return len(self.tokens)
 
     @classmethod
-    def from_sequences(cls, seqs: Iterable[Sequence[int]], max_nodes: int | None = None) -> "TokenTree":
+    def from_sequences(cls, seqs: Iterable[Sequence[int]], max_nodes: int | None = None,
+                       base: "TokenTree | None" = None) -> "TokenTree":
         """Merge token sequences into a trie (shared prefixes stored once), in the given order,
-        stopping when ``max_nodes`` nodes exist (later sequences are truncated)."""
-        tree = cls()
-        index: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+        stopping when ``max_nodes`` nodes exist (later sequences are truncated); with a ``base``
+        tree its nodes come first, in order, and the sequences are grafted onto it."""
+        tree = cls(list(base.tokens), list(base.parents)) if base is not None else cls()
+        index: dict[tuple[int, int], int] = {  # (parent, token) -> node
+            (p, t): i for i, (p, t) in enumerate(zip(tree.parents, tree.tokens))}
         for seq in seqs:
             parent = -1
             for tok in seq:

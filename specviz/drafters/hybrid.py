@@ -87,24 +87,6 @@ def matched_path(tree: TokenTree, committed: list[int]) -> list[int]:
     return path
 
 
-def graft(tree: TokenTree, seqs: list[list[int]]) -> TokenTree:
-    """``tree`` (its nodes kept, in order) with the token sequences ``seqs`` added from the
-    root as a trie: shared prefixes reuse existing nodes, new nodes are appended."""
-    out = TokenTree(list(tree.tokens), list(tree.parents))
-    index = {(p, t): i for i, (p, t) in enumerate(zip(out.parents, out.tokens))}
-    for seq in seqs:
-        parent = -1
-        for tok in map(int, seq):
-            node = index.get((parent, tok))
-            if node is None:
-                node = len(out.tokens)
-                out.tokens.append(tok)
-                out.parents.append(parent)
-                index[(parent, tok)] = node
-            parent = node
-    return out
-
-
 def merge(block: Draft, lookup: Draft) -> tuple[Draft, list[str]]:
     """One draft verifying both: (the merged draft, each node's source: ``block``, ``lookup``
     or ``both``). The block's chain or tree goes first, so its k nodes are nodes 0..k-1."""
@@ -113,7 +95,7 @@ def merge(block: Draft, lookup: Draft) -> tuple[Draft, list[str]]:
     if not block.tokens:
         return lookup, ["lookup"] * len(lookup.tokens)
     lookup_seqs = branches(lookup)
-    tree = graft(block.tree, lookup_seqs)
+    tree = TokenTree.from_sequences(lookup_seqs, base=block.tree)
     source = ["block"] * len(block.tokens) + ["lookup"] * (len(tree) - len(block.tokens))
     for seq in lookup_seqs:          # block nodes a lookup branch also spells
         for node in matched_path(tree, seq):
@@ -262,7 +244,7 @@ class HybridDrafter(Drafter):
         if view is None or c is None:
             return
         block_conf, kept, nodes = view
-        acc = min(len(path), len(rnd.committed))
+        acc = len(path)                          # matched_path stops at the committed
         if nodes and len(path) >= len(rnd.committed):   # censored: judged only up to there
             block_conf, kept = block_conf[:acc], min(kept, acc)
         gained = max(0, acc - own_lookup.accepted)
