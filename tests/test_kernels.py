@@ -170,7 +170,7 @@ def test_a_drafter_on_a_tuned_target_fuses_its_own_siblings_and_drafts_the_same_
     """The DFlash drafter reuses the target's choice per shape / group: one traced block forward
     finds its q/k/v and gate/up (its context path calls k/v alone: they fall back), and its
     block logits equal the untuned drafter's."""
-    from specviz.drafters.dflash import _block_example
+    from specviz.drafters.dflash_runtime import _block_example
 
     target = make_tiny_target(seed=9)
     model = new_dflash_for_target(target, num_layers=2, block_size=6, seed=2)

@@ -80,3 +80,69 @@ class ContextCache:
                 buf.narrow(self.seq_dim, 0, self._n).copy_(self._store[i].narrow(self.seq_dim, 0, self._n))
             store.append(buf)
         self._store = store
+
+
+class LazyContextKV:
+    """A drafter's per-layer context K/V, filled lazily: committed rows are queued as tapped
+    features (:func:`tapped_features`) and projected to K/V in one batch (``project(features,
+    positions)`` -> one (K, V) per drafter layer) only when the next block needs them, so a
+    round in which the drafter does not run (DFlash's forward gate) costs it nothing."""
+
+    def __init__(self, layers: Sequence[int], project, device, dtype):
+        self.layers, self.project = list(layers), project
+        self.device, self.dtype = device, dtype
+        self._ctx = ContextCache(seq_dim=2)
+        self.reset()
+
+    def __len__(self) -> int:
+        return len(self._ctx) + sum(int(f.shape[1]) for f in self._pending)
+
+    def reset(self) -> None:
+        self._ctx.reset()
+        self._pending: list[torch.Tensor] = []
+        self._pending_start = 0
+
+    def crop(self, n: int) -> None:
+        """Keep the first ``n`` context positions (K/V and queued features)."""
+        done = len(self._ctx)
+        if n <= done:
+            self._ctx.crop(n)
+            self._pending = []
+            return
+        keep, left = [], n - done
+        for f in self._pending:
+            if left <= 0:
+                break
+            keep.append(f[:, :left])
+            left -= int(f.shape[1])
+        self._pending = keep
+
+    def append(self, hidden_states, rows: Sequence[int] | None, start_pos: int) -> None:
+        """Queue the tapped features of ``rows`` of a target forward's hidden states, the first
+        at absolute position ``start_pos`` (rows are consecutive committed positions)."""
+        if start_pos != len(self):
+            raise RuntimeError(f"the drafter's context holds {len(self)} positions; rows for "
+                               f"position {start_pos} cannot follow")
+        feats = tapped_features(hidden_states, self.layers, rows)
+        if feats.shape[1] == 0:
+            return
+        if not self._pending:
+            self._pending_start = start_pos
+        self._pending.append(feats.to(device=self.device, dtype=self.dtype))
+
+    def flush(self) -> None:
+        """The queued rows' context K/V, in one drafter projection."""
+        if not self._pending:
+            return
+        feats = torch.cat(self._pending, 1) if len(self._pending) > 1 else self._pending[0]
+        start, self._pending = self._pending_start, []
+        pos = torch.arange(start, start + feats.shape[1])
+        with torch.inference_mode():
+            new = self.project(feats, pos)
+            self._ctx.append([t for kv in new for t in kv])
+
+    def kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every drafter layer's (K, V) over the whole context (empty list: no context yet)."""
+        self.flush()
+        t = self._ctx.tensors
+        return [(t[2 * i], t[2 * i + 1]) for i in range(len(t) // 2)]

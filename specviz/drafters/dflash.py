@@ -37,12 +37,7 @@ then continued four times on more greedy rollouts (``scripts/retrain_dflash.sh``
 ``retrain_dflash_store.sh``, ``retrain_dflash_c3.sh``, ``retrain_dflash_c4.sh``); it is used
 when ``checkpoint`` is left empty and the target is SmolLM2-135M-Instruct.
 
-Weights at run time (``weights``): on a CPU a float32 drafter's forward is bound by reading
-its weights; ``weights="int8"`` (or ``"auto"``: where measured faster at load) runs int8 copies
-of the decoder layers and the draft-vocabulary head (:mod:`specviz.drafters.int8`). The target
-still verifies every token, so output is unchanged; but int8 activations are quantized per call
-over the whole batch, so an offline replay (one forward over a stored text) no longer drafts
-exactly what the live run drafted, and the default stays ``float``.
+Weights at run time (``weights``: float, int8, auto; packed CPU kernels): :mod:`.dflash_runtime`.
 
 Modules: the torch model in :mod:`.dflash_model`, checkpoints (published layout, bundled
 drafters, warm start) in :mod:`.dflash_checkpoint`; this module is the drafter (names of both
@@ -73,7 +68,7 @@ from ..errors import SettingsError
 from .base import Draft, DraftContext, Drafter, VerifyFeedback
 from .block_cut import BlockCut, ForwardGate, SharedDraft
 from .block_tree import TREE_TOPK, TreeNode, best_first, path_confidence, tree_draft
-from .context import ContextCache, tapped_features
+from .context import LazyContextKV
 from .dflash_checkpoint import (ARCHITECTURE, BUNDLED, BUNDLED_DIR, CONFIG_NAME,  # noqa: F401
                                 MAX_BLOCK_SIZE, WEIGHTS_NAME, _check_compatible, _load_cached,
                                 bundled_checkpoint, init_from_target, load_dflash_checkpoint,
@@ -81,6 +76,7 @@ from .dflash_checkpoint import (ARCHITECTURE, BUNDLED, BUNDLED_DIR, CONFIG_NAME,
                                 save_dflash_checkpoint)
 from .dflash_model import (DRAFT_VOCAB_KEY, DFlashAttention, DFlashDecoderLayer,  # noqa: F401
                            DFlashDraftModel, DFlashMLP, default_target_layer_ids)
+from .dflash_runtime import runtime_weights, tune_drafter_linears
 from .registry import MethodSpec, ParamSpec, params_by_name
 
 TOPK = 4  # drafter top-k ids/probs recorded per slot (rejected-suffix alignment)
@@ -121,45 +117,6 @@ PARAMS = params_by_name(
                    "verify (cut auto/block) or exactly N (cut off). Greedy drafts only (draft "
                    "temperature 0) and targets verifying unpadded trees; lossless either way."),
 )
-
-
-def _block_example(model: DFlashDraftModel):
-    """One block forward on a 2-position context: the drafter's linears in call order and its
-    sibling groups (q/k/v, gate/up) for :func:`specviz.kernels.tune_linears`."""
-    H = model.hidden_size
-    with torch.inference_mode():
-        ctx = model.context_kv(torch.zeros(1, 2, len(model.target_layer_ids) * H), torch.arange(2))
-    x = torch.zeros(1, model.block_size, H)
-    return lambda: model.forward_block(x, ctx, 2)
-
-
-def tune_drafter_linears(model: DFlashDraftModel, target) -> None:
-    """Measured oneDNN packed linears (:mod:`specviz.kernels`) for the drafter's layers and its
-    draft-vocabulary head, where faster: the block forward runs B rows, the slow case of the
-    default kernel on a CPU. Once per loaded model; a float32 CPU drafter only."""
-    if getattr(model, "_kernels_tuned", False):
-        return
-    from ..kernels import tune_linears
-    p = next(model.parameters())
-    if p.device.type == "cpu" and p.dtype == torch.float32:   # shapes the target timed: reused
-        tune_linears(model, target.kernels, example=_block_example(model))
-        if model.draft_vocab is not None:
-            tune_linears(model.sub_head(target.model.get_output_embeddings()), target.kernels)
-    model._kernels_tuned = True
-
-
-def _runtime_weights(model: DFlashDraftModel, target, weights: str
-                     ) -> tuple[DFlashDraftModel, str]:
-    """(the model the drafter runs, "int8" or "float"): the int8 copy where asked for, or with
-    ``auto`` where it is measured faster on this machine (:mod:`specviz.drafters.int8`)."""
-    from . import int8
-
-    if weights == "float" or not int8.available(model):
-        return model, "float"
-    head = target.model.get_output_embeddings()
-    if weights == "int8" or int8.faster(model, head):
-        return int8.int8_copy(model, head), "int8"
-    return model, "float"
 
 
 # --------------------------------------------------------------------------- the drafter
@@ -211,7 +168,7 @@ class DFlashDrafter(Drafter):
         if getattr(target, "kernels", None) is not None:   # the target's linears were tuned:
             tune_drafter_linears(model, target)            # the drafter's too (once per model)
         self.weights_setting = weights
-        model, self.weights = _runtime_weights(model, target, weights)
+        model, self.weights = runtime_weights(model, target, weights)
         ckpt_b = int(model.block_size)
         b = block_size or ckpt_b
         if not 2 <= b <= ckpt_b:
@@ -226,65 +183,22 @@ class DFlashDrafter(Drafter):
         self.device = torch.device(dev)
         self.dtype = dt
         self.hidden_state_layers = [i + 1 for i in model.target_layer_ids]
-        self._ctx = ContextCache(seq_dim=2)
+        self._ctx = LazyContextKV(self.hidden_state_layers, model.context_kv, self.device,
+                                  self.dtype)
         self._reset()
 
-    # -- context cache (specviz.drafters.context): every drafter layer's context K/V. Committed
-    # rows are queued as tapped features and projected to K/V in one batch when the next block
-    # needs them: a round the forward gate paused costs the drafter nothing.
+    # -- context cache (specviz.drafters.context.LazyContextKV): every drafter layer's context
+    # K/V, projected from queued tapped features when the next block needs them.
     @property
     def context_len(self) -> int:
-        return len(self._ctx) + sum(int(f.shape[1]) for f in self._pending)
+        return len(self._ctx)
 
     def _reset(self) -> None:
         self._ctx.reset()
-        self._pending: list[torch.Tensor] = []
-        self._pending_start = 0
         self.generator = torch.Generator().manual_seed(self.seed)
 
-    def _crop(self, n: int) -> None:
-        """Keep the first ``n`` context positions (K/V and queued features)."""
-        done = len(self._ctx)
-        if n <= done:
-            self._ctx.crop(n)
-            self._pending = []
-            return
-        keep, left = [], n - done
-        for f in self._pending:
-            if left <= 0:
-                break
-            keep.append(f[:, :left])
-            left -= int(f.shape[1])
-        self._pending = keep
-
-    def _append(self, hidden_states, rows: list[int] | None, start_pos: int) -> None:
-        """Queue the tapped features of ``rows`` of a target forward's hidden states, the first
-        at absolute position ``start_pos`` (rows are consecutive committed positions)."""
-        if start_pos != self.context_len:
-            raise RuntimeError(f"dflash context holds {self.context_len} positions; rows for "
-                               f"position {start_pos} cannot follow")
-        feats = tapped_features(hidden_states, self.hidden_state_layers, rows)
-        if feats.shape[1] == 0:
-            return
-        if not self._pending:
-            self._pending_start = start_pos
-        self._pending.append(feats.to(device=self.device, dtype=self.dtype))
-
-    def _flush(self) -> None:
-        """The queued rows' context K/V, in one drafter projection."""
-        if not self._pending:
-            return
-        feats = torch.cat(self._pending, 1) if len(self._pending) > 1 else self._pending[0]
-        start, self._pending = self._pending_start, []
-        pos = torch.arange(start, start + feats.shape[1])
-        with torch.inference_mode():
-            new = self.model.context_kv(feats, pos)
-            self._ctx.append([t for kv in new for t in kv])
-
     def _context_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        self._flush()
-        t = self._ctx.tensors
-        return [(t[2 * i], t[2 * i + 1]) for i in range(len(t) // 2)] or self._empty_kv()
+        return self._ctx.kv() or self._empty_kv()
 
     # -- Drafter interface
     def begin(self, target, prompt_ids, prefill_hidden=None):
@@ -296,8 +210,8 @@ class DFlashDrafter(Drafter):
             self.cut = BlockCut(cost_curve("auto", target),
                                 gate=ForwardGate() if self.cut_mode == "auto" else None)
         if len(prompt_ids) > 1:
-            self._append(prefill_hidden, None, 0)
-            self._flush()
+            self._ctx.append(prefill_hidden, None, 0)
+            self._ctx.flush()
 
     def block_input(self, tokens: list[int]) -> torch.Tensor:
         """The block's input embeddings [1, B, H]: the last committed token, then B-1 masks
@@ -353,7 +267,7 @@ class DFlashDrafter(Drafter):
 
     def propose(self, ctx: DraftContext) -> Draft:
         n = len(ctx.tokens)
-        self._crop(n - 1)
+        self._ctx.crop(n - 1)
         if self.context_len != n - 1:
             raise RuntimeError(f"dflash context cache holds {self.context_len} positions but "
                                f"{n - 1} are committed (was observe() skipped?)")
@@ -457,8 +371,8 @@ class DFlashDrafter(Drafter):
         rows = list(feedback.kept_rows if feedback.kept_rows is not None else [0])
         rows = rows[:len(rnd.committed)]  # an EOS / budget cut commits fewer tokens
         start = int(rnd.start) - 1        # position of the verify input's row 0
-        self._crop(start)
-        self._append(feedback.hidden_states, rows, start)
+        self._ctx.crop(start)
+        self._ctx.append(feedback.hidden_states, rows, start)
 
     def pop_cut(self, path: list[int]) -> tuple[list[float], int, int] | None:
         """What the cut learns from the last drafted block, once, given the accepted ``path``
