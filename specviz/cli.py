@@ -400,6 +400,7 @@ def cmd_align(args) -> int:
     import csv
 
     from .analysis.alignment import table_rows
+    from .analysis.suffix_bound import bound_rows
     from .trace import Trace
 
     root = Path(args.traces)
@@ -418,11 +419,23 @@ def cmd_align(args) -> int:
     for r in rows:
         print(f"{r['method']:<10}{str(r['slot']):<22}{r['rejected']:>9}{fmt(r['exact']):>8}"
               f"{fmt(r['best_offset']):>9}{fmt(r['topk']):>8}{fmt(r['partner']):>9}")
-    if args.out:
-        with open(args.out, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+    bound = [r for r in bound_rows(traces) if r["carried"]] or bound_rows(traces)
+    print("\nWhat the rejected suffix could add in the next round, from its first miss on "
+          "(tokens per offset; first-order tau bound)")
+    offs = [k for k in bound[0] if k.startswith("gain_")]
+    print(f"{'method':<14}{'category':<16}{'rounds':>7}{'tau':>7}{'carried':>8}"
+          + "".join(f"{k[5:]:>7}" for k in offs) + f"{'tau bound':>10}")
+    num = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
+    for r in bound:
+        print(f"{r['method']:<14}{r['category']:<16}{r['rounds']:>7}{num(r['tau']):>7}"
+              f"{r['carried']:>8}" + "".join(f"{r[k]:>7}" for k in offs)
+              + f"{num(r['tau_bound']):>10}")
+    for path, table in ((args.out, rows), (args.bound_out, bound)):
+        if path:
+            with open(path, "w", newline="") as fh:
+                w = csv.DictWriter(fh, fieldnames=list(table[0]))
+                w.writeheader()
+                w.writerows(table)
     return 0
 
 
@@ -654,6 +667,8 @@ def _add_align(sub) -> None:
     p = sub.add_parser("align", help="rejected-suffix alignment table of saved bench traces")
     p.add_argument("traces", help="a folder METHOD/CATEGORY/*.json (bench --save-traces)")
     p.add_argument("--out", default=None, help="also write the table as CSV here")
+    p.add_argument("--bound-out", default=None,
+                   help="also write the rejected-suffix branch bound (second table) as CSV here")
     p.set_defaults(func=cmd_align)
 
 
