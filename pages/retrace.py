@@ -148,6 +148,23 @@ if trace is not None:
         cols[1].dataframe(table, hide_index=True, width="stretch", column_config={
             "exact": fmt, "best offset": fmt, "top-k": fmt, "next round drafted there": fmt})
 
+    bound = vr.suffix_bound([trace])
+    if bound.carried:
+        st.markdown("##### At most: what the rejected suffixes could have added")
+        st.caption("Lay each round's rejected tokens over the next round from where that round "
+                   "missed, shifted by a few positions, and count how many then match the "
+                   "final text: tokens the next round would have accepted on top of its own. "
+                   "It bounds what any use of the rejected tokens (ReTrace's memory included) "
+                   "could gain; which shift to use is unknown while drafting.")
+        c = st.columns([1, 1, 3])
+        c[0].metric("tau", f"{bound.tau:.2f}")
+        c[0].metric("Rounds carrying a suffix", bound.carried)
+        c[1].metric("tau at most", f"{bound.tau_bound:.2f}",
+                    f"{bound.tau_bound / bound.tau - 1:+.1%}")
+        c[1].metric("Tokens it adds", bound.best)
+        c[2].plotly_chart(vr.fig_suffix_bound(bound), width="stretch", config=ui.PLOTLY_CONFIG,
+                          key="rt_bound")
+
     if vr.has_retrace(trace):
         st.markdown("##### The gate per slot")
         st.caption("How much of the memory each slot took in (0 = ignored). Colour: whether that "

@@ -17,4 +17,4 @@ PARAMS=${PARAMS:-"{\"dflash@prev\": {\"checkpoint\": \"$PREV\"}}"}
 python -m specviz bench --methods "$METHODS" --params "$PARAMS" \
   --data $D/spec_bench_dev.jsonl:10 --data $D/gsm8k_train.jsonl:30 --data $D/mbpp.jsonl:30 \
   --data $D/alpaca_seed_tasks.jsonl:25 --max-new-tokens 64 --out "$OUT" --save-traces
-python -m specviz align "$OUT/traces" --out "$OUT/alignment.csv"
+python -m specviz align "$OUT/traces" --out "$OUT/alignment.csv" --bound-out "$OUT/suffix_bound.csv"

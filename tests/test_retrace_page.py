@@ -64,6 +64,9 @@ def test_tables_and_figures():
                             committed=[22, 23])
     assert vr.first_divergence(tr, other) == 1 and vr.first_divergence(tr, tr) is None
     assert len(vr.side_by_side(tr, other)) == 3 and len(vr.fig_progress(tr, other).data) == 2
+    b = vr.suffix_bound([tr])   # rounds 1 and 2 carry a suffix; 41 and 42 are nowhere in them
+    assert (b.carried, b.best, b.tau, b.tau_bound) == (2, 0, 2.0, 2.0)
+    assert list(vr.fig_suffix_bound(b).data[0].x) == ["-1", "+0", "+1", "+2", "best per round"]
 
 
 @pytest.mark.parametrize("extras", [True, False])
@@ -75,11 +78,13 @@ def test_page_shows_a_saved_trace(extras):
     h = "".join(x.value for x in at.html)
     assert "rt-grid" in h and "rt-first" in h
     if extras:
-        assert "gate 0.70" in h and len(at.get("plotly_chart")) == 2
+        assert "gate 0.70" in h and len(at.get("plotly_chart")) == 3
         assert not at.info
     else:
         assert any("no ReTrace memory details" in i.value for i in at.info)
-        assert len(at.get("plotly_chart")) == 1
+        assert len(at.get("plotly_chart")) == 2
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["tau at most"] == "2.00" and metrics["Rounds carrying a suffix"] == "2"
 
 
 def test_page_without_a_run():

@@ -13,6 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..analysis.alignment import OFFSETS, by_slot, final_tokens, rejected_tokens
+from ..analysis.suffix_bound import SuffixBound, suffix_bound
 from ..trace import Trace
 from .tokens import visible_text
 
@@ -144,6 +145,19 @@ def slot_table(traces: list[Trace]) -> pd.DataFrame:
                      "best offset": summ.best_offset, "top-k": summ.topk,
                      "next round drafted there": summ.partner})
     return pd.DataFrame(rows)
+
+
+def fig_suffix_bound(bound: SuffixBound) -> go.Figure:
+    """Tokens the rejected suffix would have added in the next rounds, per offset
+    (:mod:`specviz.analysis.suffix_bound`), with the best offset per round (an oracle)."""
+    xs = [f"{o:+d}" for o in bound.by_offset] + ["best per round"]
+    ys = list(bound.by_offset.values()) + [bound.best]
+    fig = go.Figure(go.Bar(x=xs, y=ys, marker_color=["#bf8700"] * len(bound.by_offset)
+                           + ["#1a7f37"], hovertemplate="offset %{x}: %{y} tokens<extra></extra>"))
+    fig.update_layout(height=240, margin=dict(l=10, r=10, t=10, b=10),
+                      xaxis_title="rejected suffix laid over the next round, shifted by",
+                      yaxis_title="tokens it adds")
+    return fig
 
 
 def gate_table(trace: Trace) -> pd.DataFrame:
