@@ -16,6 +16,6 @@ python -m specviz bench --methods ${METHODS:-pld,adapld,adapld_lex,dflash,dflash
   --data edit:$D/mbpp.jsonl:20:800 --data $D/spec_bench_dev.jsonl:10 \
   --data $D/gsm8k_train.jsonl:30 --data $D/mbpp.jsonl:30 --data $D/alpaca_seed_tasks.jsonl:25 \
   --max-new-tokens 64 --out "$OUT" --save-traces
-python -m specviz align "$OUT/traces" --out "$OUT/alignment.csv"
+python -m specviz align "$OUT/traces" --out "$OUT/alignment.csv" --bound-out "$OUT/suffix_bound.csv"
 # the traces (~50 MB) stay out of git: moved to runs/ (reopen them in the app or with `align`)
 mkdir -p runs && rm -rf "runs/$(basename "$OUT")-traces" && mv "$OUT/traces" "runs/$(basename "$OUT")-traces"

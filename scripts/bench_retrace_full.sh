@@ -10,4 +10,4 @@ OUT=${1:-results/bench_retrace_full}
 python -m specviz bench --methods pld,adapld,dflash,retrace --data $D/spec_bench_dev.jsonl:10 \
   --data $D/gsm8k_train.jsonl:30 --data $D/mbpp.jsonl:30 --max-new-tokens 64 --out "$OUT" \
   --save-traces "${@:2}"
-python -m specviz align "$OUT/traces" --out "$OUT/alignment.csv"
+python -m specviz align "$OUT/traces" --out "$OUT/alignment.csv" --bound-out "$OUT/suffix_bound.csv"

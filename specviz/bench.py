@@ -303,4 +303,11 @@ def run_bench(target, methods: list[str], prompts: list[PromptItem], settings,
             sess.trace().save(folder / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', str(item.id))}.json")
         if progress:
             progress(len(result.rows), total, f"{m} on {item.id}")
+    from .costs import cached_model
+
+    curve = cached_model(target)   # measured before the first run, refined by every round
+    if curve is not None:
+        result.meta["verify_cost"] = {"points": [[k, round(c, 3)] for k, c in curve.points()],
+                                      "step_ms": round(curve.step_time * 1e3, 2),
+                                      "kind": curve.kind}
     return result

@@ -157,6 +157,10 @@ def cmd_bench(args) -> int:
     paths = result.save(args.out)
     print(format_table(result.table()))
     print(result.verdict().message)
+    vc = result.meta.get("verify_cost")
+    if vc:
+        print(f"verify cost on this machine ({vc['kind']}; a one-token step {vc['step_ms']} ms): "
+              + ", ".join(f"c({k}) {c:.2f}" for k, c in vc["points"]))
     print("written: " + ", ".join(str(p) for p in paths.values()))
     return 0
 

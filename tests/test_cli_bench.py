@@ -129,8 +129,11 @@ def test_bench_runner_on_tiny_model(tiny_target, tmp_path):
     assert by[("ar", "all")]["tau"] == 1.0 and by[("ar", "all")]["speedup_vs_ar"] == 1.0
     assert by[("pld", "all")]["identical_to_ar"] == "4/4"
     assert by[("pld", "all")]["target_forwards"] <= by[("ar", "all")]["target_forwards"]
+    vc = res.meta["verify_cost"]   # the machine's measured verify-cost curve, in the results
+    assert vc["points"][0] == [1, 1.0] and vc["step_ms"] > 0
     paths = res.save(tmp_path)
     assert paths["table_csv"].read_text().startswith("method,category,prompts,tau")
+    assert json.loads(paths["json"].read_text())["meta"]["verify_cost"] == vc
     assert "| pld | all |" in format_table(table)
 
 
