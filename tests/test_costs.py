@@ -256,9 +256,9 @@ def test_calibrate_embedded_target_shows_its_curve(embedded_target):
     assert 0.005 < m.step_time < 2.0, info
     assert_monotone(m)
     if embedded_target.min_width == 1:
-        # float32: matrix-vector vs matrix-matrix kernels: 2 tokens already cost clearly more
-        # than 1 (loose bound: the machine is shared and noisy)
-        assert m.relative(2) > 1.1, info
+        # float32: 64 rows cost clearly more than one on a CPU (how much 2 rows cost depends
+        # on the machine's kernels: 1.1-1.3 measured; loose bound: the machine is shared)
+        assert m.relative(64) > 1.3, info
     else:
         # width-invariant bfloat16 (specviz.numerics): every forward is padded to min_width
         # tokens, so a 2-token verify costs what a plain step does: no step in the curve
