@@ -16,25 +16,17 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from scipy.stats import mannwhitneyu
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specviz.trace import Trace  # noqa: E402
 
 
 def auc(scores: list[float], labels: list[int]) -> float:
-    """Mann-Whitney ROC AUC (ties: average ranks)."""
-    order = sorted(range(len(scores)), key=lambda i: scores[i])
-    ranks = [0.0] * len(scores)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and scores[order[j + 1]] == scores[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    pos = sum(labels)
-    neg = len(labels) - pos
-    return (sum(r for r, y in zip(ranks, labels) if y) - pos * (pos + 1) / 2) / (pos * neg)
+    """ROC AUC = Mann-Whitney U / (positives x negatives)."""
+    pos = [s for s, y in zip(scores, labels) if y]
+    neg = [s for s, y in zip(scores, labels) if not y]
+    return float(mannwhitneyu(pos, neg).statistic) / (len(pos) * len(neg))
 
 
 def rows(folder: Path):

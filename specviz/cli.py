@@ -423,7 +423,8 @@ def cmd_align(args) -> int:
     for r in rows:
         print(f"{r['method']:<10}{str(r['slot']):<22}{r['rejected']:>9}{fmt(r['exact']):>8}"
               f"{fmt(r['best_offset']):>9}{fmt(r['topk']):>8}{fmt(r['partner']):>9}")
-    bound = [r for r in bound_rows(traces) if r["carried"]] or bound_rows(traces)
+    every = bound_rows(traces)
+    bound = [r for r in every if r["carried"]] or every
     print("\nWhat the rejected suffix could add in the next round, from its first miss on "
           "(tokens per offset; first-order tau bound)")
     offs = [k for k in bound[0] if k.startswith("gain_")]

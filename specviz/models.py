@@ -259,6 +259,9 @@ def load_target(name: str = "default", device: str | None = None, dtype=None,
         model.to(device=dev, dtype=dt)
     model.eval()
     model.requires_grad_(False)
+    if dev == "cpu" and os.environ.get("SPECVIZ_ATTENTION", "auto").strip().lower() != "sdpa":
+        from .attention import use_gqa_attention   # verify forwards share the KV heads instead
+        use_gqa_attention(model)                   # of copying the cache (before any timing)
     numerics = kernels = None
     if dev == "cpu" and dt == torch.float32 and linear_kernels(dtype) == "measured":
         from .kernels import tune_linears  # oneDNN packed linears where they are measured faster
@@ -277,9 +280,6 @@ def load_target(name: str = "default", device: str | None = None, dtype=None,
         numerics = Numerics("bfloat16", w or 1, "asked for" if w else
                             "asked for; its logits depend on the forward width here, so greedy "
                             "outputs can differ from plain decoding at near-ties")
-    if dev == "cpu" and os.environ.get("SPECVIZ_ATTENTION", "auto").strip().lower() != "sdpa":
-        from .attention import use_gqa_attention   # verify forwards share the KV heads
-        use_gqa_attention(model)                   # instead of copying the cache per layer
     label = "SmolLM2-135M-Instruct (embedded)" if name in DEFAULT_ALIASES else name
     return Target(model=model, tokenizer=tokenizer, name=label,
                   device=str(next(model.parameters()).device), dtype=dt,

@@ -80,10 +80,9 @@ def branch_gains(trace: Trace, offsets: Sequence[int] = BRANCH_OFFSETS) -> list[
     rounds = trace.rounds
     out = []
     for r, nxt in zip(rounds, rounds[1:]):
-        mp = main_path(r)
-        if mp is None or mp[1] >= len(mp[0]):
+        main, m = main_path(r) or ([], 0)
+        if m >= len(main):            # no ranks (a lookup tree), or nothing rejected
             continue
-        main, m = mp
         acc = int(nxt.accepted)
         at = int(nxt.start) + acc          # where round r+1 missed (its bonus token's position)
         gain = {}
