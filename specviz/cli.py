@@ -203,6 +203,37 @@ def cmd_train_rollouts(args) -> int:
     return 0
 
 
+def cmd_train_prompts(args) -> int:
+    from tqdm.auto import tqdm
+
+    from .models import load_target
+    from .train.magpie import synthesize_instructions, write_prompts
+
+    out = Path(args.out)
+    if out.exists() and out.is_dir():
+        raise SpecvizError(f"--out {out} is a folder, not a file")
+    if args.count < 1 or args.batch_size < 1 or args.max_new_tokens < 1:
+        raise SpecvizError("--count, --batch-size and --max-new-tokens must be at least 1")
+    if args.temperature <= 0:
+        raise SpecvizError("--temperature must be > 0")
+    target = load_target(args.model, device=args.device, dtype="float32")
+    bar = tqdm(total=args.count, desc="prompts", unit="prompt")
+
+    def progress(n: int, total: int) -> None:
+        bar.update(n - bar.n)
+
+    rows = synthesize_instructions(target, args.count, seed=args.seed,
+                                   temperature=args.temperature,
+                                   max_new_tokens=args.max_new_tokens,
+                                   batch_size=args.batch_size, progress=progress)
+    bar.close()
+    write_prompts(rows, out)
+    print(f"wrote {len(rows)} dialogue prompts to {out}"
+          + ("" if len(rows) >= args.count else f" (asked for {args.count}: too few distinct "
+             "turns ended within --max-new-tokens)"))
+    return 0
+
+
 def cmd_train_prefill(args) -> int:
     from .models import load_target
     from .train.prefill import load_pairs, make_prefill_set, rollout_texts
@@ -531,6 +562,20 @@ def _add_train_rollouts(tsub) -> None:
     p.set_defaults(func=cmd_train_rollouts)
 
 
+def _add_train_prompts(tsub) -> None:
+    p = tsub.add_parser("prompts", help="dialogue prompts the target writes itself (Magpie: "
+                        "its chat template up to a user turn, sampled)")
+    p.add_argument("--model", default="default")
+    p.add_argument("--device", default=None)
+    p.add_argument("--count", type=int, default=1000, help="distinct prompts wanted")
+    p.add_argument("--out", default="magpie.jsonl", help="prompt file (.jsonl) to write")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=48, help="longest user turn kept")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.set_defaults(func=cmd_train_prompts)
+
+
 def _add_train_prefill(tsub) -> None:
     p = tsub.add_parser("prefill", help="exact prefill labels + tapped hidden states over "
                         "reference texts (fast training data)")
@@ -692,6 +737,7 @@ def build_parser() -> argparse.ArgumentParser:
     tsub = sub.add_parser("train", help="make rollouts / train a drafter (METHODS §1)"
                           ).add_subparsers(dest="train_cmd", required=True)
     _add_train_rollouts(tsub)
+    _add_train_prompts(tsub)
     _add_train_prefill(tsub)
     _add_train_store(tsub)
     _add_train_dflash(tsub)
