@@ -22,8 +22,8 @@ $R --data $D/alpaca_seed_tasks.jsonl --exclude $D/alpaca_seed_tasks.jsonl:150 --
 [ -f runs/magpie-prompts.jsonl ] || python -m specviz train prompts --count 1200 --seed 0 \
   --out runs/magpie-prompts.jsonl
 [ -f runs/magpie-eval.jsonl ] || python -m specviz train prompts --count 60 --seed 1 \
-  --out runs/magpie-eval.jsonl
-$R --data runs/magpie-eval.jsonl --exclude runs/magpie-prompts.jsonl --out runs/eval-magpie
+  --exclude runs/magpie-prompts.jsonl --out runs/magpie-eval.jsonl
+$R --data runs/magpie-eval.jsonl --out runs/eval-magpie
 # 2. training rollouts: replay sets, then the Magpie dialogue (~150 new tokens/s)
 $R --data $D/spec_bench_dev.jsonl:60 --exclude $D/spec_bench_dev.jsonl:28 --out runs/c3-sb
 $R --data $D/mbpp.jsonl:180 --exclude $D/mbpp.jsonl:30 --out runs/c3-mbpp

@@ -216,6 +216,9 @@ def cmd_train_prompts(args) -> int:
         raise SpecvizError("--count, --batch-size and --max-new-tokens must be at least 1")
     if args.temperature <= 0:
         raise SpecvizError("--temperature must be > 0")
+    from .bench import load_prompts
+
+    exclude = [it.text for f in args.exclude for it in load_prompts(f)]
     target = load_target(args.model, device=args.device, dtype="float32")
     bar = tqdm(total=args.count, desc="prompts", unit="prompt")
 
@@ -225,7 +228,8 @@ def cmd_train_prompts(args) -> int:
     rows = synthesize_instructions(target, args.count, seed=args.seed,
                                    temperature=args.temperature,
                                    max_new_tokens=args.max_new_tokens,
-                                   batch_size=args.batch_size, progress=progress)
+                                   batch_size=args.batch_size, exclude=exclude,
+                                   progress=progress)
     bar.close()
     write_prompts(rows, out)
     print(f"wrote {len(rows)} dialogue prompts to {out}"
@@ -573,6 +577,9 @@ def _add_train_prompts(tsub) -> None:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-new-tokens", type=int, default=48, help="longest user turn kept")
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--exclude", action="append", default=[],
+                   help="prompt file whose texts are never written (e.g. the training prompts, "
+                   "when making a held-out set); repeatable")
     p.set_defaults(func=cmd_train_prompts)
 
 

@@ -35,6 +35,8 @@ def test_synthesize_is_seeded_distinct_and_loadable(embedded_target, tmp_path):
     assert all(r["category"] == CATEGORY and clean_instruction(r["prompt"]) for r in rows)
     other = synthesize_instructions(embedded_target, **{**kw, "seed": 4})
     assert [r["prompt"] for r in other] != texts
+    held = synthesize_instructions(embedded_target, **kw, exclude=texts[:2])
+    assert not {t.lower() for t in texts[:2]} & {r["prompt"].lower() for r in held}
     path = write_prompts(rows, tmp_path / "m.jsonl")
     items = load_prompts(path)
     assert [it.text for it in items] == texts and {it.category for it in items} == {CATEGORY}
@@ -46,6 +48,11 @@ def test_cli_prompts_and_errors(tmp_path, capsys):
                  "--out", str(out)]) == 0
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert 1 <= len(rows) <= 2 and all(r["source"] == "magpie" for r in rows)
+    out2 = tmp_path / "q.jsonl"
+    assert main(["train", "prompts", "--count", "2", "--batch-size", "4", "--seed", "1",
+                 "--exclude", str(out), "--out", str(out2)]) == 0
+    assert not {r["prompt"] for r in rows} & {json.loads(x)["prompt"]
+                                              for x in out2.read_text().splitlines()}
     assert main(["train", "prompts", "--count", "0", "--out", str(out)]) != 0
     assert main(["train", "prompts", "--temperature", "0", "--out", str(out)]) != 0
     assert main(["train", "prompts", "--out", str(tmp_path)]) != 0   # a folder

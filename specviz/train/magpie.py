@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 
@@ -60,10 +60,11 @@ def _norm(text: str) -> str:
 
 def synthesize_instructions(target, count: int, seed: int = 0, temperature: float = 1.0,
                             max_new_tokens: int = 64, batch_size: int = 32,
-                            max_batches: int | None = None,
+                            max_batches: int | None = None, exclude: Iterable[str] = (),
                             progress: Callable[[int, int], None] | None = None) -> list[dict]:
     """``count`` distinct user requests sampled from ``target`` after its user-turn prefix.
-    Stops early (with fewer) after ``max_batches`` batches (default: 4 x the batches needed)."""
+    Stops early (with fewer) after ``max_batches`` batches (default: 4 x the batches needed).
+    Texts in ``exclude`` (e.g. another set's prompts: a held-out set) are never returned."""
     from .rollouts import generate_batch
 
     if count < 1:
@@ -76,7 +77,7 @@ def synthesize_instructions(target, count: int, seed: int = 0, temperature: floa
     gen = torch.Generator().manual_seed(int(seed))
     limit = max_batches if max_batches is not None else 4 * (-(-count // batch_size))
     rows: list[dict] = []
-    seen: set[str] = set()
+    seen: set[str] = {_norm(t) for t in exclude}
     for _ in range(limit):
         res = generate_batch(target, [prefix] * batch_size, max_new_tokens, layer_ids=[0],
                              temperature=temperature, generator=gen)
