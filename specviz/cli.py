@@ -343,6 +343,9 @@ def cmd_train_retrace(args) -> int:
           + (f"round r+1 accepted {ev['accepted_fused']:.3f} (ReTrace) vs "
              f"{ev['accepted_backbone']:.3f} (backbone) on {ev['examples']} held-out examples"
              if ev else "no eval"))
+    if res.get("best"):
+        print(f"best held-out step {res['best']['step']} (round r+1 accepted "
+              f"{res['best']['accepted_fused']:.3f}) kept in {res['out']}/best")
     print(f"ReTrace written to {res['out']} (use: --method retrace --param checkpoint={res['out']})")
     return 0
 

@@ -1,6 +1,7 @@
 """ReTrace (METHODS §2) on tiny random targets: an untrained or gate-off ReTrace drafts exactly
 what its DFlash backbone drafts, round for round; a trained-looking (random) fusion changes
 drafts but never the output (greedy and sampled); no extra forward; bad checkpoints named."""
+import json
 import random
 
 import pytest
@@ -195,6 +196,14 @@ def test_training_runs_resumes_and_loads(tmp_path, tiny_target):
     res = train_retrace(tiny_target, model, str(tmp_path / "bb"), [tmp_path / "ro"],
                         tmp_path / "ro", tmp_path / "rt", cfg)
     assert res["steps_run"] == 6 and res["losses"] and res["eval"]["examples"] > 0
+    # early stopping: the best held-out eval's checkpoint is kept in rt/best and loads
+    evals = [json.loads(x) for x in (tmp_path / "rt" / "train_log.jsonl").read_text().splitlines()
+             if "accepted_fused" in x]
+    top = max(evals, key=lambda e: e["accepted_fused"])
+    assert [e["step"] for e in evals] == [3, 6] and res["best"]["step"] == top["step"]
+    kept = json.loads((tmp_path / "rt" / "best" / "config.json").read_text())
+    assert kept["specviz_training"]["step"] == top["step"]
+    make_drafter("retrace", tiny_target, checkpoint=str(tmp_path / "rt" / "best"), cut="off")
     with pytest.raises(Exception, match="--resume"):
         train_retrace(tiny_target, model, str(tmp_path / "bb"), [tmp_path / "ro"], None,
                       tmp_path / "rt", cfg)

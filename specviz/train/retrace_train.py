@@ -41,6 +41,7 @@ from .prefill import block_labels
 from .rollouts import RolloutSet
 
 LOG_NAME = "train_log.jsonl"
+BEST_DIR = "best"   # the best held-out checkpoint (early stopping)
 
 
 @dataclass
@@ -216,6 +217,9 @@ def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_d
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
     trained = [p for g in groups for p in g["params"]]
     start = 0
+    # the best held-out checkpoint (round r+1 accepted with the fusion) is kept in out/best:
+    # early stopping, since the fusion can fit its training rounds and lose on unseen ones
+    best = {"step": 0, "accepted_fused": float("-inf")}
     if resume and state_path.is_file():
         st = torch.load(state_path, map_location="cpu", weights_only=False)
         fusion.load_state_dict(st["fusion"])
@@ -224,6 +228,7 @@ def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_d
         opt.load_state_dict(st["optimizer"])
         sched.load_state_dict(st["scheduler"])
         start, _ = int(st["step"]), rng.setstate(st["rng"])
+        best = st.get("best", best)
     elif state_path.is_file():
         raise SpecvizError(f"{out} already holds a training run: pass --resume or another --out")
     out.mkdir(parents=True, exist_ok=True)
@@ -276,14 +281,18 @@ def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_d
                                                    or step + 1 == cfg.steps):
             last_eval = evaluate(model, target, fusion, evd, cfg.eval_sequences)
             log({"step": step + 1, **{k: round(v, 4) for k, v in last_eval.items()}})
+            if last_eval["accepted_fused"] > best["accepted_fused"]:
+                best = {"step": step + 1, "accepted_fused": last_eval["accepted_fused"]}
+                save_checkpoint(fusion, model, conf, out / BEST_DIR, cfg, step + 1)
         if (step + 1) % max(1, cfg.eval_every or 50) == 0 or step + 1 == cfg.steps:
             save_checkpoint(fusion, model, conf, out, cfg, step + 1)
             torch.save({"step": step + 1, "fusion": fusion.state_dict(),
                         "backbone": model.state_dict() if joint else None,
                         "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                        "rng": rng.getstate()}, state_path)
+                        "rng": rng.getstate(), "best": best}, state_path)
     if bar is not None:
         bar.close()
     el = time.perf_counter() - t0
     return {"out": str(out), "steps_run": cfg.steps - start, "seconds": el, "losses": hist,
-            "eval": last_eval, "train_sequences": len(data)}
+            "eval": last_eval, "train_sequences": len(data),
+            "best": best if best["step"] else None}
