@@ -49,14 +49,15 @@ for S in eval-rollouts eval-alpaca eval-magpie; do
   python -m specviz eval --drafters dflash:$PREV,dflash:$OUT --rollouts runs/$S --split all \
     --out results/dflash_c5_eval/$S
 done
-# 5. bundle it and retrain the ReTrace fusion on it (the step-40 checkpoint is bundled)
+# 5. bundle it and retrain the ReTrace fusion on it, keeping the best held-out checkpoint
+#    (OUT/best: at lr 1e-4 the held-out round r+1 accepted fell from the first eval on)
 if [ "${BUNDLE:-0}" = 1 ]; then
   cp $OUT/{config.json,model.safetensors,train_log.jsonl} \
     specviz/weights/dflash-smollm2-135m-instruct/
   python -m specviz train retrace --data runs/c5-gsm --data runs/c3-sb --data runs/c3-mbpp \
-    --data runs/c5-magpie --eval runs/eval-rollouts --out runs/retrace-c5 \
-    $( [ -f runs/retrace-c5/train_state.pt ] && echo --resume ) \
-    --steps 40 --batch-size 4 --anchors-per-seq 12 --lr 1e-4 --eval-every 10 --eval-sequences 32
-  cp runs/retrace-c5/{config.json,model.safetensors,train_log.jsonl} \
+    --data runs/c5-magpie --eval runs/eval-rollouts --out runs/retrace-c5b \
+    $( [ -f runs/retrace-c5b/train_state.pt ] && echo --resume ) \
+    --steps 20 --batch-size 4 --anchors-per-seq 12 --lr 3e-5 --eval-every 5 --eval-sequences 32
+  cp runs/retrace-c5b/best/{config.json,model.safetensors} runs/retrace-c5b/train_log.jsonl \
     specviz/weights/retrace-smollm2-135m-instruct/
 fi
