@@ -206,6 +206,7 @@ def cmd_train_rollouts(args) -> int:
 def cmd_train_prompts(args) -> int:
     from tqdm.auto import tqdm
 
+    from .bench import load_prompts
     from .models import load_target
     from .train.magpie import synthesize_instructions, write_prompts
 
@@ -216,8 +217,6 @@ def cmd_train_prompts(args) -> int:
         raise SpecvizError("--count, --batch-size and --max-new-tokens must be at least 1")
     if args.temperature <= 0:
         raise SpecvizError("--temperature must be > 0")
-    from .bench import load_prompts
-
     exclude = [it.text for f in args.exclude for it in load_prompts(f)]
     target = load_target(args.model, device=args.device, dtype="float32")
     bar = tqdm(total=args.count, desc="prompts", unit="prompt")
