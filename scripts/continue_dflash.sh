@@ -7,18 +7,8 @@
 # retrain_dflash_c4.sh, which set TAG, GSM_FROM, GSM_TO, PREV (folder of the drafter to
 # continue) and PREV_COMMIT (the commit whose bundled drafter that is). Every step resumes when
 # rerun; BUNDLE=1 adds step 5. 2-core CPU timings in the README.
-set -euo pipefail
-. .venv/bin/activate
 : "${TAG:?}" "${GSM_FROM:?}" "${GSM_TO:?}" "${PREV:?}" "${PREV_COMMIT:?}"
-D=${SPECVIZ_DATA:-../shared/data}
-L=1,8,14,20,27
-R="python -m specviz train rollouts --max-new-tokens 128 --batch-size 24 --holdout 0 --layers $L"
-# 1. held-out rollouts for the exact simulated tau (scripts/make_training_data.sh step 1)
-[ -f runs/eval-rollouts/manifest.jsonl ] || python -m specviz train rollouts \
-  --data $D/gsm8k_train.jsonl:1224 --exclude $D/gsm8k_train.jsonl:1200 \
-  --data $D/mbpp.jsonl:924 --exclude $D/mbpp.jsonl:900 \
-  --data $D/spec_bench_dev.jsonl:18 --exclude $D/spec_bench_dev.jsonl:10 \
-  --out runs/eval-rollouts --max-new-tokens 128 --batch-size 24 --holdout 0.9999
+. "$(dirname "$0")/rollouts_common.sh"   # D, L, R; step 1: the held-out runs/eval-rollouts
 # 2. training rollouts (~140 new tokens/s): fresh GSM8K, then the replay sets
 $R --data $D/gsm8k_train.jsonl:$GSM_TO --exclude $D/gsm8k_train.jsonl:$GSM_FROM --out runs/$TAG-gsm
 $R --data $D/spec_bench_dev.jsonl:60 --exclude $D/spec_bench_dev.jsonl:28 --out runs/c3-sb

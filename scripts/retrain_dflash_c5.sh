@@ -7,17 +7,8 @@
 # (runs/eval-alpaca) and 60 Magpie prompts of another seed (runs/eval-magpie). Bench prompts
 # (Spec-Bench rows 0-9, GSM8K 0-29, MBPP 0-29, Alpaca 0-24) are in no set. Every step resumes
 # when rerun; BUNDLE=1 adds step 5. 2-core CPU timings in the README.
-set -euo pipefail
-. .venv/bin/activate
-D=${SPECVIZ_DATA:-../shared/data}
-L=1,8,14,20,27
-R="python -m specviz train rollouts --max-new-tokens 128 --batch-size 24 --holdout 0 --layers $L"
-# 1. held-out rollouts
-[ -f runs/eval-rollouts/manifest.jsonl ] || python -m specviz train rollouts \
-  --data $D/gsm8k_train.jsonl:1224 --exclude $D/gsm8k_train.jsonl:1200 \
-  --data $D/mbpp.jsonl:924 --exclude $D/mbpp.jsonl:900 \
-  --data $D/spec_bench_dev.jsonl:18 --exclude $D/spec_bench_dev.jsonl:10 \
-  --out runs/eval-rollouts --max-new-tokens 128 --batch-size 24 --holdout 0.9999
+. "$(dirname "$0")/rollouts_common.sh"   # D, L, R; step 1: the held-out runs/eval-rollouts
+# 1. (cont.) held-out dialogue: Alpaca rows 150-174, Magpie prompts of another seed
 $R --data $D/alpaca_seed_tasks.jsonl --exclude $D/alpaca_seed_tasks.jsonl:150 --out runs/eval-alpaca
 [ -f runs/magpie-prompts.jsonl ] || python -m specviz train prompts --count 1200 --seed 0 \
   --out runs/magpie-prompts.jsonl

@@ -38,16 +38,9 @@ def drafted(r) -> tuple:
     nodes of near-equal probability is float rounding, not a different tree)."""
     if not r.is_tree:
         return (r.draft, r.parents, r.accepted_path)
-
-    def path(i: int) -> tuple:
-        out = []
-        while i >= 0:
-            out.append(int(r.draft[i]))
-            i = int(r.parents[i])
-        return tuple(reversed(out))
-
-    return (sorted(path(i) for i in range(len(r.draft))),
-            tuple(int(r.draft[i]) for i in r.accepted_path))
+    tree = r.tree
+    return (sorted(tuple(tree.tokens[j] for j in tree.path_to(i)) for i in range(len(tree))),
+            tuple(tree.tokens[j] for j in r.path))
 
 
 def same_rounds(live, offline) -> None:
