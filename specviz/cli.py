@@ -228,10 +228,11 @@ def cmd_train_prompts(args) -> int:
                                    temperature=args.temperature,
                                    max_new_tokens=args.max_new_tokens,
                                    batch_size=args.batch_size, exclude=exclude,
+                                   system=args.system, category=args.category,
                                    progress=progress)
     bar.close()
     write_prompts(rows, out)
-    print(f"wrote {len(rows)} dialogue prompts to {out}"
+    print(f"wrote {len(rows)} {args.category} prompts to {out}"
           + ("" if len(rows) >= args.count else f" (asked for {args.count}: too few distinct "
              "turns ended within --max-new-tokens)"))
     return 0
@@ -582,6 +583,10 @@ def _add_train_prompts(tsub) -> None:
     p.add_argument("--exclude", action="append", default=[],
                    help="prompt file whose texts are never written (e.g. the training prompts, "
                    "when making a held-out set); repeatable")
+    p.add_argument("--system", default=None,
+                   help="system turn that steers the requests' domain (prompts only; replies "
+                   "use the plain template), e.g. 'You help with grade-school math problems.'")
+    p.add_argument("--category", default="dialogue", help="category written on each row")
     p.set_defaults(func=cmd_train_prompts)
 
 

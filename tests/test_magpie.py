@@ -25,6 +25,23 @@ def test_user_turn_prefix_matches_encode_prompt(embedded_target):
     assert tok.decode(prefix).endswith("user\n")
 
 
+def test_system_turn_steers_the_prefix_only(embedded_target):
+    import pytest
+
+    from specviz.errors import SettingsError
+    tok = embedded_target.tokenizer
+    plain, steered = user_turn_prefix(tok), user_turn_prefix(tok, "You teach arithmetic.")
+    text = tok.decode(steered)
+    assert "You teach arithmetic." in text and text.endswith("user\n")
+    assert "You teach arithmetic." not in tok.decode(plain) and steered != plain
+    rows = synthesize_instructions(embedded_target, count=2, seed=3, max_new_tokens=40,
+                                   batch_size=8, system="You teach arithmetic.",
+                                   category="math")
+    assert rows and {r["category"] for r in rows} == {"math"}
+    with pytest.raises(SettingsError):
+        user_turn_prefix(tok, "   ")
+
+
 def test_synthesize_is_seeded_distinct_and_loadable(embedded_target, tmp_path):
     kw = dict(count=6, seed=3, temperature=1.0, max_new_tokens=40, batch_size=8)
     rows = synthesize_instructions(embedded_target, **kw)
@@ -56,5 +73,6 @@ def test_cli_prompts_and_errors(tmp_path, capsys):
     assert main(["train", "prompts", "--count", "0", "--out", str(out)]) != 0
     assert main(["train", "prompts", "--temperature", "0", "--out", str(out)]) != 0
     assert main(["train", "prompts", "--out", str(tmp_path)]) != 0   # a folder
+    assert main(["train", "prompts", "--system", " ", "--out", str(out)]) != 0
     err = capsys.readouterr().err
     assert "Traceback" not in err and "--count" in err

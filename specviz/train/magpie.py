@@ -8,6 +8,11 @@ as many dialogue prompts as a CPU can afford, in the target's own distribution, 
 weakest slice. The replies are then generated greedily by ``train rollouts`` like any prompt
 file (exact labels for the target), so only the prompts are sampled.
 
+Steering (Magpie's own domain control): ``system`` replaces the template's default system turn
+in the *prefix only* (e.g. "You answer grade-school math word problems."), so the sampled
+requests lean to that domain; the replies are still generated with the plain template, exactly
+as a user's prompt would be, so the labels stay those of the target as served.
+
 Conventions: a prompt is kept when the sampled turn ended with an end-of-turn token (not cut by
 the length budget), is 3-80 words after stripping, holds no chat-template marker, and is new
 (case- and space-insensitive). Seeded: the same seed, model and settings give the same file.
@@ -30,13 +35,17 @@ SENTINEL = "\u2063SPECVIZ_USER_TURN\u2063"
 CATEGORY = "dialogue"
 
 
-def user_turn_prefix(tokenizer) -> list[int]:
-    """Token ids of the chat template up to where a user turn's content begins (the same
-    system turn ``Target.encode_prompt`` adds)."""
+def user_turn_prefix(tokenizer, system: str | None = None) -> list[int]:
+    """Token ids of the chat template up to where a user turn's content begins: after the same
+    system turn ``Target.encode_prompt`` adds, or after ``system`` (steering) when given."""
     if not getattr(tokenizer, "chat_template", None):
         raise SpecvizError("Magpie prompts need an instruct model with a chat template")
-    text = tokenizer.apply_chat_template([{"role": "user", "content": SENTINEL}],
-                                         tokenize=False, add_generation_prompt=False)
+    messages = [{"role": "user", "content": SENTINEL}]
+    if system is not None:
+        if not system.strip():
+            raise SettingsError("--system must not be empty (leave it out for the default)")
+        messages.insert(0, {"role": "system", "content": system.strip()})
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
     if SENTINEL not in text:
         raise SpecvizError("the chat template does not show the user turn's content")
     head = text[:text.index(SENTINEL)]
@@ -61,10 +70,12 @@ def _norm(text: str) -> str:
 def synthesize_instructions(target, count: int, seed: int = 0, temperature: float = 1.0,
                             max_new_tokens: int = 64, batch_size: int = 32,
                             max_batches: int | None = None, exclude: Iterable[str] = (),
+                            system: str | None = None, category: str = CATEGORY,
                             progress: Callable[[int, int], None] | None = None) -> list[dict]:
     """``count`` distinct user requests sampled from ``target`` after its user-turn prefix.
     Stops early (with fewer) after ``max_batches`` batches (default: 4 x the batches needed).
-    Texts in ``exclude`` (e.g. another set's prompts: a held-out set) are never returned."""
+    Texts in ``exclude`` (e.g. another set's prompts: a held-out set) are never returned;
+    ``system`` steers the domain (module docstring); rows carry ``category``."""
     from .rollouts import generate_batch
 
     if count < 1:
@@ -73,7 +84,7 @@ def synthesize_instructions(target, count: int, seed: int = 0, temperature: floa
         raise SettingsError("--temperature must be > 0 (a greedy turn is the same every time)")
     if batch_size < 1 or max_new_tokens < 1:
         raise SettingsError("--batch-size and --max-new-tokens must be at least 1")
-    prefix = user_turn_prefix(target.tokenizer)
+    prefix = user_turn_prefix(target.tokenizer, system)
     gen = torch.Generator().manual_seed(int(seed))
     limit = max_batches if max_batches is not None else 4 * (-(-count // batch_size))
     rows: list[dict] = []
@@ -89,7 +100,7 @@ def synthesize_instructions(target, count: int, seed: int = 0, temperature: floa
             if text is None or _norm(text) in seen:
                 continue
             seen.add(_norm(text))
-            rows.append({"id": f"magpie-{seed}-{len(rows)}", "category": CATEGORY,
+            rows.append({"id": f"magpie-{seed}-{len(rows)}", "category": category,
                          "prompt": text, "source": "magpie"})
             if len(rows) >= count:
                 break
