@@ -104,74 +104,97 @@ def param_widget(spec: ParamSpec, key: str):
     return st.text_input(spec.label, key=key, help=hlp)
 
 
-def sidebar(examples: list[dict]) -> None:
+def _model_section() -> str:
+    """The target: the embedded default or any model id / folder."""
+    ss = st.session_state
+    st.markdown("**Model** (the target)")
+    st.radio("Model", [EMBEDDED, CUSTOM], key="model_choice", label_visibility="collapsed")
+    if ss["model_choice"] == CUSTOM:
+        st.text_input("Model id or folder", key="model_name",
+                      placeholder="HuggingFaceTB/SmolLM2-360M-Instruct or /path/to/model",
+                      help="Any causal LM that transformers can load: a Hugging Face hub "
+                           "id (needs network or the local HF cache) or a local folder.")
+    return appstate.DEFAULT_MODEL if ss["model_choice"] == EMBEDDED else ss["model_name"]
+
+
+def _method_section() -> tuple[str, dict]:
+    """The drafter and its settings (one widget per ParamSpec of the method registry)."""
+    ss = st.session_state
+    st.markdown("**Method** (the drafter)")
+    if ss.get("method") not in METHODS:
+        ss["method"] = next(iter(METHODS))
+    method = st.selectbox("Method", list(METHODS), key="method",
+                          format_func=lambda m: METHODS[m].display,
+                          label_visibility="collapsed")
+    st.caption(METHODS[method].description)
+    params = {}
+    for spec in appstate.method_param_specs(method):
+        key = f"param_{method}_{spec.name}"
+        ss.setdefault(key, spec.default)
+        params[spec.name] = param_widget(spec, key)
+    if METHODS[method].hint:
+        st.caption(METHODS[method].hint)
+    return method, params
+
+
+def _decoding_section() -> bool:
+    """Greedy or sampled verification, length and seed; True when sampling."""
+    ss = st.session_state
+    st.markdown("**Decoding**")
+    st.radio("Verification", ["Greedy", "Sampling"], key="mode", horizontal=True,
+             help="Greedy: accept a draft token when it is the target's argmax (the output "
+                  "is identical to plain greedy decoding). Sampling: rejection sampling "
+                  "(the output follows the target's distribution).")
+    sampling = ss["mode"] == "Sampling"
+    if sampling:
+        c = st.columns(2)
+        c[0].number_input("Temperature", step=0.1, key="temperature", format="%.2f")
+        c[1].number_input("Top-p", step=0.05, key="top_p", format="%.2f")
+    c = st.columns(2)
+    c[0].number_input("Max new tokens", step=16, key="max_new_tokens")
+    c[1].number_input("Seed", step=1, key="seed", disabled=not sampling,
+                      help="Seeds the sampler (sampling mode only).")
+    return sampling
+
+
+def _prompt_section(examples: list[dict]) -> str | None:
+    """Category, example and the editable prompt; the example's id while its text is unedited."""
     ss = st.session_state
     by_cat = appstate.examples_by_category(examples)
+    st.markdown("**Prompt**")
+    cats = list(by_cat) + ["free text"]
+    if ss.get("category") not in cats:
+        ss["category"] = cats[0]
+    st.selectbox("Category", cats, key="category", on_change=_on_category,
+                 args=(examples,), format_func=str.capitalize)
+    prompt_id = None
+    if ss["category"] in by_cat:
+        ids = [e["id"] for e in by_cat[ss["category"]]]
+        if ss.get("example_id") not in ids:
+            ss["example_id"] = ids[0]
+            _on_example(examples)
+        titles = {e["id"]: e["title"] for e in examples}
+        st.selectbox("Example", ids, key="example_id", on_change=_on_example,
+                     args=(examples,), format_func=lambda i: titles.get(i, i))
+        ex = appstate.example_by_id(examples, ss["example_id"])
+        if ex and ex["prompt"] == ss.get("prompt_text"):
+            prompt_id = ex["id"]
+    st.text_area("Prompt text (editable)", key="prompt_text", height=160)
+    st.toggle("Apply the chat template", key="chat_template",
+              help="Wrap the prompt in the model's chat template (instruct models).")
+    return prompt_id
+
+
+def sidebar(examples: list[dict]) -> None:
+    """The run's settings; the validated config (or its error) goes to ``_cfg`` / ``_cfg_error``."""
+    ss = st.session_state
     with st.sidebar:
         st.markdown("## ⚡ specviz")
         st.caption("Real speculative decoding, one round at a time.")
-
-        st.markdown("**Model** (the target)")
-        st.radio("Model", [EMBEDDED, CUSTOM], key="model_choice", label_visibility="collapsed")
-        if ss["model_choice"] == CUSTOM:
-            st.text_input("Model id or folder", key="model_name",
-                          placeholder="HuggingFaceTB/SmolLM2-360M-Instruct or /path/to/model",
-                          help="Any causal LM that transformers can load: a Hugging Face hub "
-                               "id (needs network or the local HF cache) or a local folder.")
-        model = appstate.DEFAULT_MODEL if ss["model_choice"] == EMBEDDED else ss["model_name"]
-
-        st.markdown("**Method** (the drafter)")
-        if ss.get("method") not in METHODS:
-            ss["method"] = next(iter(METHODS))
-        method = st.selectbox("Method", list(METHODS), key="method",
-                              format_func=lambda m: METHODS[m].display,
-                              label_visibility="collapsed")
-        st.caption(METHODS[method].description)
-        params = {}
-        for spec in appstate.method_param_specs(method):
-            key = f"param_{method}_{spec.name}"
-            ss.setdefault(key, spec.default)
-            params[spec.name] = param_widget(spec, key)
-        if METHODS[method].hint:
-            st.caption(METHODS[method].hint)
-
-        st.markdown("**Decoding**")
-        st.radio("Verification", ["Greedy", "Sampling"], key="mode", horizontal=True,
-                 help="Greedy: accept a draft token when it is the target's argmax (the output "
-                      "is identical to plain greedy decoding). Sampling: rejection sampling "
-                      "(the output follows the target's distribution).")
-        sampling = ss["mode"] == "Sampling"
-        if sampling:
-            c = st.columns(2)
-            c[0].number_input("Temperature", step=0.1, key="temperature", format="%.2f")
-            c[1].number_input("Top-p", step=0.05, key="top_p", format="%.2f")
-        c = st.columns(2)
-        c[0].number_input("Max new tokens", step=16, key="max_new_tokens")
-        c[1].number_input("Seed", step=1, key="seed", disabled=not sampling,
-                          help="Seeds the sampler (sampling mode only).")
-
-        st.markdown("**Prompt**")
-        cats = list(by_cat) + ["free text"]
-        if ss.get("category") not in cats:
-            ss["category"] = cats[0]
-        st.selectbox("Category", cats, key="category", on_change=_on_category,
-                     args=(examples,), format_func=str.capitalize)
-        prompt_id = None
-        if ss["category"] in by_cat:
-            ids = [e["id"] for e in by_cat[ss["category"]]]
-            if ss.get("example_id") not in ids:
-                ss["example_id"] = ids[0]
-                _on_example(examples)
-            titles = {e["id"]: e["title"] for e in examples}
-            st.selectbox("Example", ids, key="example_id", on_change=_on_example,
-                         args=(examples,), format_func=lambda i: titles.get(i, i))
-            ex = appstate.example_by_id(examples, ss["example_id"])
-            if ex and ex["prompt"] == ss.get("prompt_text"):
-                prompt_id = ex["id"]
-        st.text_area("Prompt text (editable)", key="prompt_text", height=160)
-        st.toggle("Apply the chat template", key="chat_template",
-                  help="Wrap the prompt in the model's chat template (instruct models).")
-
+        model = _model_section()
+        method, params = _method_section()
+        sampling = _decoding_section()
+        prompt_id = _prompt_section(examples)
         try:
             cfg = appstate.build_config(
                 model=model, method=method, params=params, sampling=sampling,
