@@ -273,52 +273,67 @@ def _charts_section(view: Trace, sel: int, prefix: str) -> None:
     with c[1]:
         _chart(viz.fig_accepted_hist(view), f"{prefix}_fig_hist")
     if viz.has_confidence(view):
-        st.markdown("##### Drafter confidence per slot")
-        st.caption("A block drafter (DFlash) fills all slots of its block at once; its confidence "
-                   "in a slot is the top probability there. Bars: this round's slots, coloured by "
-                   "the target's verdict (◆ = the target's own probability of the drafted token; "
-                   "grey: slots cut because a longer verify would not pay). "
-                   "Right: over the run so far, how often tokens at each confidence were "
-                   "accepted — confident-but-rejected slots show where the drafter misleads.")
-        c = st.columns(2)
-        pick = sel - 1 if sel else 0
-        if not viz.block_confidences(view.rounds[pick]):
-            pick = max(i for i, r in enumerate(view.rounds) if viz.block_confidences(r))
-        with c[0]:
-            _chart(viz.fig_slot_confidence(view, pick), f"{prefix}_fig_conf")
-        with c[1]:
-            _chart(viz.fig_confidence_calibration(view), f"{prefix}_fig_calib")
-        if (view.rounds[pick].extras or {}).get("tree_slots"):
-            st.caption("This round's block was verified as a token tree: the slots' top words, "
-                       "most probable paths first (the product of the slots' probabilities), as "
-                       "many nodes as paid for the wider verify. The accepted path may run "
-                       "through a slot's second or third word, where a chain would have stopped.")
-            _chart(viz.block_tree_figure(view, pick), f"{prefix}_fig_block_tree")
+        _confidence_section(view, sel, prefix)
     if len(viz.gate_rounds(view)):
-        with st.expander("When the drafter ran (forward gate)"):
-            st.caption("The drafter's own forward costs a fraction of a target step even when "
-                       "the cut keeps nothing, so a block drafter runs only while its recent "
-                       "rounds commit more tokens per one-token forward than plain decoding "
-                       "(1, the dashed line). Below it the drafter is paused: those rounds are "
-                       "plain decoding steps with no drafter forward, and every 4, 8, 16, 32 "
-                       "rounds a probe tries it again; a probe that pays switches it back on.")
-            _chart(viz.fig_gate(view), f"{prefix}_fig_gate")
+        _gate_section(view, prefix)
     if view.meta.get("cost_model"):
-        with st.expander("Verify cost on this machine (what longer drafts cost)"):
-            st.caption("Measured on the loaded model when the first run started, then refined "
-                       "from every round's own verify forward. In float32 on a CPU the curve "
-                       "is a step: one new token runs matrix-vector kernels, two or more run "
-                       "matrix-matrix kernels; packed kernels with sibling linears fused (chosen "
-                       "by timing them at load: 'Target linears' below) make the step smaller. "
-                       "In width-invariant bfloat16 every forward is "
-                       "padded to a few tokens and the curve is nearly flat. AdaPLD "
-                       "(cost = auto) and DFlash (cut = auto) choose their draft length from "
-                       "this curve.")
-            if view.meta.get("numerics"):
-                st.caption(f"Target numerics: {view.meta['numerics']}")
-            if view.meta.get("kernels"):
-                st.caption(f"Target linears: {view.meta['kernels']}")
-            _chart(viz.fig_cost_curve(view), f"{prefix}_fig_cost")
+        _cost_section(view, prefix)
+
+
+def _confidence_section(view: Trace, sel: int, prefix: str) -> None:
+    """A block drafter's per-slot confidence, its calibration and the round's draft tree."""
+    st.markdown("##### Drafter confidence per slot")
+    st.caption("A block drafter (DFlash) fills all slots of its block at once; its confidence "
+               "in a slot is the top probability there. Bars: this round's slots, coloured by "
+               "the target's verdict (◆ = the target's own probability of the drafted token; "
+               "grey: slots cut because a longer verify would not pay). "
+               "Right: over the run so far, how often tokens at each confidence were "
+               "accepted — confident-but-rejected slots show where the drafter misleads.")
+    c = st.columns(2)
+    pick = sel - 1 if sel else 0
+    if not viz.block_confidences(view.rounds[pick]):
+        pick = max(i for i, r in enumerate(view.rounds) if viz.block_confidences(r))
+    with c[0]:
+        _chart(viz.fig_slot_confidence(view, pick), f"{prefix}_fig_conf")
+    with c[1]:
+        _chart(viz.fig_confidence_calibration(view), f"{prefix}_fig_calib")
+    if (view.rounds[pick].extras or {}).get("tree_slots"):
+        st.caption("This round's block was verified as a token tree: the slots' top words, "
+                   "most probable paths first (the product of the slots' probabilities), as "
+                   "many nodes as paid for the wider verify. The accepted path may run "
+                   "through a slot's second or third word, where a chain would have stopped.")
+        _chart(viz.block_tree_figure(view, pick), f"{prefix}_fig_block_tree")
+
+
+def _gate_section(view: Trace, prefix: str) -> None:
+    """When DFlash's forward gate ran the drafter, paused it and probed it."""
+    with st.expander("When the drafter ran (forward gate)"):
+        st.caption("The drafter's own forward costs a fraction of a target step even when "
+                   "the cut keeps nothing, so a block drafter runs only while its recent "
+                   "rounds commit more tokens per one-token forward than plain decoding "
+                   "(1, the dashed line). Below it the drafter is paused: those rounds are "
+                   "plain decoding steps with no drafter forward, and every 4, 8, 16, 32 "
+                   "rounds a probe tries it again; a probe that pays switches it back on.")
+        _chart(viz.fig_gate(view), f"{prefix}_fig_gate")
+
+
+def _cost_section(view: Trace, prefix: str) -> None:
+    """The measured verify-cost curve and the target's numerics / kernels."""
+    with st.expander("Verify cost on this machine (what longer drafts cost)"):
+        st.caption("Measured on the loaded model when the first run started, then refined "
+                   "from every round's own verify forward. In float32 on a CPU the curve "
+                   "is a step: one new token runs matrix-vector kernels, two or more run "
+                   "matrix-matrix kernels; packed kernels with sibling linears fused (chosen "
+                   "by timing them at load: 'Target linears' below) make the step smaller. "
+                   "In width-invariant bfloat16 every forward is "
+                   "padded to a few tokens and the curve is nearly flat. AdaPLD "
+                   "(cost = auto) and DFlash (cut = auto) choose their draft length from "
+                   "this curve.")
+        if view.meta.get("numerics"):
+            st.caption(f"Target numerics: {view.meta['numerics']}")
+        if view.meta.get("kernels"):
+            st.caption(f"Target linears: {view.meta['kernels']}")
+        _chart(viz.fig_cost_curve(view), f"{prefix}_fig_cost")
 
 
 def _downloads(trace: Trace, prefix: str) -> None:
