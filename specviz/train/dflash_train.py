@@ -31,7 +31,7 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -340,6 +340,95 @@ def _continue_from(folder: str, fresh: DFlashDraftModel) -> DFlashDraftModel:
     return old
 
 
+def _check_rollouts(target, meta: dict, rollouts_dir, train_set: "TrainData") -> None:
+    """Clear errors for an empty training set or rollouts made with another target."""
+    if not len(train_set):
+        raise SpecvizError(f"{rollouts_dir} has no train rollouts and no --prefill data given")
+    tc = getattr(target.model.config, "text_config", None) or target.model.config
+    if int(meta["hidden_size"]) != int(tc.hidden_size) or \
+            int(meta["num_target_layers"]) != int(tc.num_hidden_layers):
+        raise SpecvizError(f"the rollouts were made with another target ({meta.get('model')}): "
+                           "hidden size / layer count differ")
+
+
+def _resumed(state_path: Path, cfg: TrainConfig, out: Path, rng: random.Random
+             ) -> tuple[DFlashDraftModel, dict, int]:
+    """(model, saved state, step) of an interrupted run; ``rng`` gets its saved state."""
+    st = torch.load(state_path, map_location="cpu", weights_only=False)
+    model = DFlashDraftModel(st["config"])
+    model.load_state_dict(st["model"], strict=True)
+    old = st["train_config"]
+    if int(old["block_size"]) != cfg.block_size or int(old["num_layers"]) != cfg.num_layers:
+        raise SpecvizError(f"{out} was trained with block size {old['block_size']} and "
+                           f"{old['num_layers']} layers; resume with the same settings")
+    rng.setstate(st["rng"])
+    return model, st, int(st["step"])
+
+
+def _fresh(target, cfg: TrainConfig, meta: dict) -> DFlashDraftModel:
+    """A new drafter for ``target``: random, from the target's top layers, or continued."""
+    model = new_dflash_for_target(target, num_layers=cfg.num_layers, block_size=cfg.block_size,
+                                  target_layer_ids=list(meta["target_layer_ids"]),
+                                  intermediate_size=cfg.intermediate_size, seed=cfg.seed)
+    if cfg.init == "target":
+        from ..drafters.dflash import init_from_target
+
+        init_from_target(model, target)
+    elif cfg.init != "random":
+        model = _continue_from(cfg.init, model)
+    return model
+
+
+def _draft_vocabulary(model: DFlashDraftModel, train_set: "TrainData", cfg: TrainConfig
+                      ) -> torch.Tensor | None:
+    """The words the drafter is trained on (every reply token, plus the words a continued
+    drafter had); they become its draft vocabulary (saved with it, used at inference and by the
+    tau estimate) -- words outside it are never proposed. None: full-vocabulary softmax."""
+    active = reply_vocab(train_set) if cfg.negatives >= 0 else None
+    prior = getattr(model, "draft_vocab", None)
+    if active is not None and prior is not None:
+        active = torch.unique(torch.cat([active, prior.to(active)]))
+    model.draft_vocab = None if active is None else active.clone()
+    return active
+
+
+@dataclass
+class _Batcher:
+    """Training sequences in a fresh shuffled order each epoch (``rng``: the run's, saved)."""
+
+    data: "TrainData"
+    rng: random.Random
+    order: list[int] = field(default_factory=list)
+
+    def next(self) -> int:
+        if not self.order:
+            self.order = list(range(len(self.data)))
+            self.rng.shuffle(self.order)
+        return self.order.pop()
+
+
+def _batch_loss(model, target, cfg: TrainConfig, batcher: _Batcher, weights: torch.Tensor,
+                vocab: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weighted loss sum, weight sum) over ``cfg.batch_size`` sequences of one step."""
+    head = target.model.get_output_embeddings()
+    vocab_weight = None if vocab is None else head.weight.detach()[vocab.to(head.weight.device)]
+    dev = next(model.parameters()).device
+    tot = torch.zeros((), device=dev)
+    wsum = torch.zeros((), device=dev)
+    for _ in range(cfg.batch_size):
+        j = batcher.next()
+        t, h, p = batcher.data.load(j)
+        ls, ws = sequence_loss(model, target, t, h, p, cfg.anchors_per_seq, weights, batcher.rng,
+                               vocab, vocab_weight, greedy=batcher.data.greedy(j))
+        tot, wsum = tot + ls.to(dev), wsum + ws.to(dev)
+    return tot, wsum
+
+
+def _append_log(out: Path, rec: dict) -> None:
+    with open(out / LOG_NAME, "a") as fh:
+        fh.write(json.dumps(rec) + "\n")
+
+
 def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainConfig,
                  resume: bool = False, show_bar: bool = False,
                  log: Callable[[dict], None] | None = None, prefill: list | tuple = ()) -> dict:
@@ -349,40 +438,17 @@ def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainCo
     meta = read_meta(rollouts_dir)
     train_set = TrainData(rollouts_dir, prefill)
     eval_set = RolloutSet(rollouts_dir, split="eval")
-    if not len(train_set):
-        raise SpecvizError(f"{rollouts_dir} has no train rollouts and no --prefill data given")
-    tc = getattr(target.model.config, "text_config", None) or target.model.config
-    if int(meta["hidden_size"]) != int(tc.hidden_size) or \
-            int(meta["num_target_layers"]) != int(tc.num_hidden_layers):
-        raise SpecvizError(f"the rollouts were made with another target ({meta.get('model')}): "
-                           "hidden size / layer count differ")
+    _check_rollouts(target, meta, rollouts_dir, train_set)
     out = Path(out)
     state_path = out / STATE_NAME
     rng = random.Random(cfg.seed)
-    start = 0
+    st, start = None, 0
     if resume and state_path.is_file():
-        st = torch.load(state_path, map_location="cpu", weights_only=False)
-        model = DFlashDraftModel(st["config"])
-        model.load_state_dict(st["model"], strict=True)
-        old = st["train_config"]
-        if int(old["block_size"]) != cfg.block_size or int(old["num_layers"]) != cfg.num_layers:
-            raise SpecvizError(f"{out} was trained with block size {old['block_size']} and "
-                               f"{old['num_layers']} layers; resume with the same settings")
-        start = int(st["step"])
-        rng.setstate(st["rng"])
+        model, st, start = _resumed(state_path, cfg, out, rng)
     else:
         if resume is False and state_path.is_file():
             raise SpecvizError(f"{out} already holds a training run: pass --resume or another --out")
-        st = None
-        model = new_dflash_for_target(target, num_layers=cfg.num_layers, block_size=cfg.block_size,
-                                      target_layer_ids=list(meta["target_layer_ids"]),
-                                      intermediate_size=cfg.intermediate_size, seed=cfg.seed)
-        if cfg.init == "target":
-            from ..drafters.dflash import init_from_target
-
-            init_from_target(model, target)
-        elif cfg.init != "random":
-            model = _continue_from(cfg.init, model)
+        model = _fresh(target, cfg, meta)
     model = model.to(device=target.device, dtype=torch.float32).train().requires_grad_(True)
     head = target.model.get_output_embeddings()
     if head.weight.dtype != torch.float32 and str(target.device) == "cpu":
@@ -394,13 +460,7 @@ def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainCo
         opt.load_state_dict(st["optimizer"])
         sched.load_state_dict(st["scheduler"])
     weights = slot_weights(cfg.block_size, cfg.gamma)
-    active = reply_vocab(train_set) if cfg.negatives >= 0 else None
-    prior = getattr(model, "draft_vocab", None)   # a continued drafter keeps the words it had
-    if active is not None and prior is not None:
-        active = torch.unique(torch.cat([active, prior.to(active)]))
-    # the words the drafter is trained on become its draft vocabulary (saved with it, used at
-    # inference and by the tau estimate); words outside it are never proposed
-    model.draft_vocab = None if active is None else active.clone()
+    active = _draft_vocabulary(model, train_set, cfg)
     vgen = torch.Generator().manual_seed(cfg.seed + start)
     vocab_size = int(head.weight.shape[0])
     save_every = cfg.save_every or cfg.eval_every or cfg.steps
@@ -411,7 +471,7 @@ def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainCo
 
         bar = tqdm(total=cfg.steps, initial=start, desc="dflash", unit="step")
     history, last_eval = [], None
-    order: list[int] = []
+    batcher = _Batcher(train_set, rng)
     t0 = time.perf_counter()
     ema = None
 
@@ -421,28 +481,14 @@ def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainCo
             last_eval = simulated_tau(model, target, eval_set, limit=cfg.eval_rollouts)
             rec = {"step": step, "eval_tau": round(last_eval["tau"], 4),
                    "eval_rollouts": last_eval["rollouts"]}
-            with open(out / LOG_NAME, "a") as fh:
-                fh.write(json.dumps(rec) + "\n")
+            _append_log(out, rec)
             if log:
                 log(rec)
 
     for step in range(start, cfg.steps):
         opt.zero_grad(set_to_none=True)
-        dev = next(model.parameters()).device
-        tot = torch.zeros((), device=dev)
-        wsum = torch.zeros((), device=dev)
         vocab = None if active is None else step_vocab(active, vocab_size, cfg.negatives, vgen)
-        vocab_weight = (None if vocab is None
-                        else head.weight.detach()[vocab.to(head.weight.device)])
-        for _ in range(cfg.batch_size):
-            if not order:
-                order = list(range(len(train_set)))
-                rng.shuffle(order)
-            j = order.pop()
-            t, h, p = train_set.load(j)
-            ls, ws = sequence_loss(model, target, t, h, p, cfg.anchors_per_seq, weights, rng,
-                                   vocab, vocab_weight, greedy=train_set.greedy(j))
-            tot, wsum = tot + ls.to(dev), wsum + ws.to(dev)
+        tot, wsum = _batch_loss(model, target, cfg, batcher, weights, vocab)
         if float(wsum) <= 0:
             continue
         loss = tot / wsum
@@ -457,13 +503,10 @@ def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainCo
                "grad_norm": round(float(gn), 4)}
         if bar is not None:
             bar.update(1)
-            post = f"loss {ema:.3f}"
-            if last_eval:
-                post += f" tau {last_eval['tau']:.2f}"
-            bar.set_postfix_str(post)
+            bar.set_postfix_str(f"loss {ema:.3f}"
+                                + (f" tau {last_eval['tau']:.2f}" if last_eval else ""))
         if (step + 1) % 10 == 0 or step + 1 == cfg.steps:
-            with open(out / LOG_NAME, "a") as fh:
-                fh.write(json.dumps(rec) + "\n")
+            _append_log(out, rec)
         if log:
             log(rec)
         if cfg.eval_every and (step + 1) % cfg.eval_every == 0:
