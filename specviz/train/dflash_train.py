@@ -393,7 +393,7 @@ def _draft_vocabulary(model: DFlashDraftModel, train_set: "TrainData", cfg: Trai
 
 
 @dataclass
-class _Batcher:
+class ShuffledOrder:
     """Training sequences in a fresh shuffled order each epoch (``rng``: the run's, saved)."""
 
     data: "TrainData"
@@ -407,8 +407,9 @@ class _Batcher:
         return self.order.pop()
 
 
-def _batch_loss(model, target, cfg: TrainConfig, batcher: _Batcher, weights: torch.Tensor,
-                vocab: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch_loss(model, target, cfg: TrainConfig, batcher: ShuffledOrder,
+                weights: torch.Tensor, vocab: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weighted loss sum, weight sum) over ``cfg.batch_size`` sequences of one step."""
     head = target.model.get_output_embeddings()
     vocab_weight = None if vocab is None else head.weight.detach()[vocab.to(head.weight.device)]
@@ -471,7 +472,7 @@ def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainCo
 
         bar = tqdm(total=cfg.steps, initial=start, desc="dflash", unit="step")
     history, last_eval = [], None
-    batcher = _Batcher(train_set, rng)
+    batcher = ShuffledOrder(train_set, rng)
     t0 = time.perf_counter()
     ema = None
 

@@ -35,8 +35,8 @@ import torch
 from ..drafters.retrace import (INCLUDED, INCLUDED_BACKBONE, ReTraceFusion, build_memory, fuse,
                                 fusion_config, save_retrace)
 from ..errors import SettingsError, SpecvizError
-from .dflash_train import (TrainData, _lr_lambda, block_embeddings, forward_blocks,
-                           sequence_context, slot_weights)
+from .dflash_train import (ShuffledOrder, TrainData, _lr_lambda, block_embeddings,
+                           forward_blocks, sequence_context, slot_weights)
 from .prefill import block_labels
 from .rollouts import RolloutSet
 
@@ -192,6 +192,41 @@ def save_checkpoint(fusion, model, conf: dict, out: Path, cfg: ReTraceTrainConfi
     save_retrace(fusion, conf, out, {"specviz_training": {"step": step, **asdict(cfg)}})
 
 
+def _resume(state_path: Path, fusion: ReTraceFusion, model, opt, sched, rng: random.Random,
+            joint: bool, best: dict) -> tuple[int, dict]:
+    """(step, best held-out record) of an interrupted run, its weights and optimiser restored."""
+    st = torch.load(state_path, map_location="cpu", weights_only=False)
+    fusion.load_state_dict(st["fusion"])
+    if joint:
+        model.load_state_dict(st["backbone"])
+    opt.load_state_dict(st["optimizer"])
+    sched.load_state_dict(st["scheduler"])
+    rng.setstate(st["rng"])
+    return int(st["step"]), st.get("best", best)
+
+
+def _batch_loss(model, target, fusion: ReTraceFusion, batcher: ShuffledOrder,
+                cfg: ReTraceTrainConfig, weights: torch.Tensor, joint: bool
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weighted loss sum, weight sum) of round r+1 over ``cfg.batch_size`` sequences."""
+    tot = torch.zeros(())
+    wsum = torch.zeros(())
+    data = batcher.data
+    for _ in range(cfg.batch_size):
+        j = batcher.next()
+        t, h, p = data.load(j)
+        ex = round_examples(model, target, t, h, data.greedy(j), p, cfg.anchors_per_seq,
+                            batcher.rng)
+        if ex is None:
+            continue
+        if joint:   # the backbone's context path trains too: its K/V with grad
+            ex.ctx_kv = sequence_context(model, h, int(t.shape[0]))
+        logits, _ = round2_logits(model, target, fusion, t, ex)
+        ls, ws = round2_loss(logits, ex, weights)
+        tot, wsum = tot + ls, wsum + ws
+    return tot, wsum
+
+
 def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_dir, out,
                   cfg: ReTraceTrainConfig, resume: bool = False, show_bar: bool = False) -> dict:
     """Train (or resume) a ReTrace fusion on ``backbone_model`` (frozen, or fine-tuned jointly
@@ -221,14 +256,7 @@ def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_d
     # early stopping, since the fusion can fit its training rounds and lose on unseen ones
     best = {"step": 0, "accepted_fused": float("-inf")}
     if resume and state_path.is_file():
-        st = torch.load(state_path, map_location="cpu", weights_only=False)
-        fusion.load_state_dict(st["fusion"])
-        if joint:
-            model.load_state_dict(st["backbone"])
-        opt.load_state_dict(st["optimizer"])
-        sched.load_state_dict(st["scheduler"])
-        start, _ = int(st["step"]), rng.setstate(st["rng"])
-        best = st.get("best", best)
+        start, best = _resume(state_path, fusion, model, opt, sched, rng, joint, best)
     elif state_path.is_file():
         raise SpecvizError(f"{out} already holds a training run: pass --resume or another --out")
     out.mkdir(parents=True, exist_ok=True)
@@ -238,7 +266,7 @@ def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_d
         from tqdm.auto import tqdm
 
         bar = tqdm(total=cfg.steps, initial=start, desc="retrace", unit="step")
-    order: list[int] = []
+    batcher = ShuffledOrder(data, rng)
     hist, last_eval, t0 = [], None, time.perf_counter()
     conf = fusion_config(fusion, model, INCLUDED if joint else backbone)
 
@@ -247,22 +275,7 @@ def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_d
             fh.write(json.dumps(rec) + "\n")
 
     for step in range(start, cfg.steps):
-        tot = torch.zeros(())
-        wsum = torch.zeros(())
-        for _ in range(cfg.batch_size):
-            if not order:
-                order = list(range(len(data)))
-                rng.shuffle(order)
-            j = order.pop()
-            t, h, p = data.load(j)
-            ex = round_examples(model, target, t, h, data.greedy(j), p, cfg.anchors_per_seq, rng)
-            if ex is None:
-                continue
-            if joint:   # the backbone's context path trains too: its K/V with grad
-                ex.ctx_kv = sequence_context(model, h, int(t.shape[0]))
-            logits, _ = round2_logits(model, target, fusion, t, ex)
-            ls, ws = round2_loss(logits, ex, weights)
-            tot, wsum = tot + ls, wsum + ws
+        tot, wsum = _batch_loss(model, target, fusion, batcher, cfg, weights, joint)
         if float(wsum) > 0:
             loss = tot / wsum
             opt.zero_grad(set_to_none=True)
