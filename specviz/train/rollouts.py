@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -93,6 +93,62 @@ class BatchResult:
 
 
 @torch.inference_mode()
+def left_padded(prompts: list[list[int]], pad: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, attention mask, position ids) [b, L] of ``prompts`` left-padded with ``pad``."""
+    b, L = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((b, L), pad, dtype=torch.long)
+    mask = torch.zeros((b, L), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, L - len(p):] = torch.tensor(p)
+        mask[i, L - len(p):] = 1
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+@dataclass
+class _Picker:
+    """Each row's next token: argmax, or sampled at ``temperature`` with ``generator`` (then the
+    picked tokens' probabilities are kept, one tensor per step)."""
+
+    temperature: float = 0.0
+    generator: torch.Generator | None = None
+    picked_p: list = field(default_factory=list)
+
+    @property
+    def sampled(self) -> bool:
+        return bool(self.temperature and self.temperature > 0)
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.float()
+        if not self.sampled:
+            return logits.argmax(-1).cpu()
+        probs = torch.softmax(logits / self.temperature, -1).cpu()
+        tok = torch.multinomial(probs, 1, generator=self.generator)
+        self.picked_p.append(probs.gather(-1, tok).squeeze(-1))
+        return tok.squeeze(-1)
+
+    def probs(self, replies: list[list[int]]) -> list[list[float]] | None:
+        """p(token) of every reply token (step s picked every row's s-th token); None: greedy."""
+        if not self.sampled:
+            return None
+        return [[float(self.picked_p[s][i]) for s in range(len(r))] for i, r in enumerate(replies)]
+
+
+def _commit(nxt: torch.Tensor, replies: list[list[int]], done: list[bool], stops: list[str],
+            budgets: list[int], eos, max_new_tokens: int) -> None:
+    """Append each running row's new token; a row stops at EOS or at its budget."""
+    for i in range(len(replies)):
+        if done[i]:
+            continue
+        t = int(nxt[i])
+        replies[i].append(t)
+        if t in eos:
+            done[i], stops[i] = True, "eos"
+        elif len(replies[i]) >= budgets[i]:
+            done[i] = True
+            stops[i] = "max_new_tokens" if budgets[i] == max_new_tokens else "context"
+
+
 def generate_batch(target, prompts: list[list[int]], max_new_tokens: int, layer_ids: list[int],
                    store_dtype: torch.dtype = torch.float16, temperature: float = 0.0,
                    generator: torch.Generator | None = None) -> BatchResult:
@@ -108,18 +164,11 @@ def generate_batch(target, prompts: list[list[int]], max_new_tokens: int, layer_
         raise SpecvizError("generate_batch needs non-empty prompts")
     L = max(lens)
     pad = int(min(target.eos_token_ids)) if target.eos_token_ids else 0
-    ids = torch.full((b, L), pad, dtype=torch.long)
-    mask = torch.zeros((b, L), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, L - len(p):] = torch.tensor(p)
-        mask[i, L - len(p):] = 1
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    ids, mask, pos = left_padded(prompts, pad)
     taps = [i + 1 for i in layer_ids]
-    eos = target.eos_token_ids
     budgets = [max(0, min(max_new_tokens, target.max_context - n)) for n in lens]
     cache = DynamicCache(config=model.config)
     ck = _cache_kwarg(model)
-
     last_only = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
 
     def forward(inp, msk, p):   # only the last row's logits are read (the next token)
@@ -129,40 +178,17 @@ def generate_batch(target, prompts: list[list[int]], max_new_tokens: int, layer_
     def feats(out) -> torch.Tensor:  # [b, t, k*H] on CPU in the storage dtype
         return torch.cat([out.hidden_states[i] for i in taps], -1).to("cpu", store_dtype)
 
-    sampled = bool(temperature and temperature > 0)
-    picked_p: list[torch.Tensor] = []   # p(token) of every row at every step (sampled)
-
-    def pick(logits: torch.Tensor) -> torch.Tensor:
-        logits = logits.float()
-        if sampled:
-            probs = torch.softmax(logits / temperature, -1).cpu()
-            tok = torch.multinomial(probs, 1, generator=generator)
-            picked_p.append(probs.gather(-1, tok).squeeze(-1))
-            return tok.squeeze(-1)
-        return logits.argmax(-1).cpu()
-
+    pick = _Picker(temperature, generator)
     out = forward(ids, mask, pos)
     pf = feats(out)
     chunks: list[list[torch.Tensor]] = [[pf[i, L - lens[i]:]] for i in range(b)]
     replies: list[list[int]] = [[] for _ in range(b)]
-    stops = ["max_new_tokens"] * b
     done = [bud <= 0 for bud in budgets]
-    for i in range(b):
-        if done[i]:
-            stops[i] = "context"
+    stops = ["context" if d else "max_new_tokens" for d in done]
     nxt = pick(out.logits[:, -1])
     cur_pos = pos[:, -1]
     while True:
-        for i in range(b):  # commit the new tokens of the rows still running
-            if done[i]:
-                continue
-            t = int(nxt[i])
-            replies[i].append(t)
-            if t in eos:
-                done[i], stops[i] = True, "eos"
-            elif len(replies[i]) >= budgets[i]:
-                done[i] = True
-                stops[i] = "max_new_tokens" if budgets[i] == max_new_tokens else "context"
+        _commit(nxt, replies, done, stops, budgets, target.eos_token_ids, max_new_tokens)
         # feed each row's latest token (finished rows: their last token again, ignored)
         step = torch.tensor([[r[-1] if r else pad] for r in replies], dtype=torch.long)
         mask = torch.cat([mask, torch.ones((b, 1), dtype=torch.long)], -1)
@@ -178,11 +204,8 @@ def generate_batch(target, prompts: list[list[int]], max_new_tokens: int, layer_
         if all(done):
             break
         nxt = pick(out.logits[:, -1])
-    hidden = [torch.cat(c, 0) for c in chunks]
-    probs = None
-    if sampled:   # step s picked every row's s-th reply token
-        probs = [[float(picked_p[s][i]) for s in range(len(replies[i]))] for i in range(b)]
-    return BatchResult(replies=replies, hidden=hidden, stops=stops, probs=probs)
+    return BatchResult(replies=replies, hidden=[torch.cat(c, 0) for c in chunks], stops=stops,
+                       probs=pick.probs(replies))
 
 
 # --------------------------------------------------------------------------- the store
