@@ -33,8 +33,9 @@ e.g. ``z-lab/Qwen3-8B-DFlash-b16``; loaded WITHOUT ``trust_remote_code``, strict
 
 Bundled drafter: ``specviz/weights/dflash-smollm2-135m-instruct`` was trained by
 ``python -m specviz train rollouts`` + ``train dflash`` (README) for the embedded target and
-then continued four times on more greedy rollouts (``scripts/retrain_dflash.sh``,
-``retrain_dflash_store.sh``, ``retrain_dflash_c3.sh``, ``retrain_dflash_c4.sh``); it is used
+then continued six times on more greedy rollouts (``scripts/retrain_dflash.sh``,
+``retrain_dflash_store.sh``, ``retrain_dflash_c3.sh`` ... ``retrain_dflash_c6.sh``; the last two
+on Magpie dialogue the target writes itself); it is used
 when ``checkpoint`` is left empty and the target is SmolLM2-135M-Instruct.
 
 Weights at run time (``weights``: float, int8, auto; packed CPU kernels): :mod:`.dflash_runtime`.
