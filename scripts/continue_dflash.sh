@@ -14,12 +14,7 @@ $R --data $D/gsm8k_train.jsonl:$GSM_TO --exclude $D/gsm8k_train.jsonl:$GSM_FROM 
 $R --data $D/spec_bench_dev.jsonl:60 --exclude $D/spec_bench_dev.jsonl:28 --out runs/c3-sb
 $R --data $D/mbpp.jsonl:180 --exclude $D/mbpp.jsonl:30 --out runs/c3-mbpp
 # 3. continue the drafter bundled before this step (restored from git)
-if [ ! -f $PREV/model.safetensors ]; then
-  mkdir -p $PREV
-  for f in config.json model.safetensors; do
-    git show $PREV_COMMIT:specviz/weights/dflash-smollm2-135m-instruct/$f > $PREV/$f
-  done
-fi
+restore_bundled $PREV $PREV_COMMIT
 OUT=runs/dflash-$TAG
 python -m specviz train dflash --rollouts runs/eval-rollouts --prefill runs/$TAG-gsm \
   --prefill runs/c3-sb --prefill runs/c3-mbpp \

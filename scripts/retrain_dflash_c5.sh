@@ -23,12 +23,7 @@ $R --data $D/alpaca_seed_tasks.jsonl:150 --exclude $D/alpaca_seed_tasks.jsonl:25
 $R --data runs/magpie-prompts.jsonl --out runs/c5-magpie
 # 3. continue the drafter bundled before this step (restored from git)
 PREV=runs/dflash-c4
-if [ ! -f $PREV/model.safetensors ]; then
-  mkdir -p $PREV
-  for f in config.json model.safetensors; do
-    git show ${PREV_COMMIT:-8f1ef54}:specviz/weights/dflash-smollm2-135m-instruct/$f > $PREV/$f
-  done
-fi
+restore_bundled $PREV ${PREV_COMMIT:-8f1ef54}
 OUT=runs/dflash-c5
 python -m specviz train dflash --rollouts runs/eval-rollouts --prefill runs/c5-magpie \
   --prefill runs/c3-sb --prefill runs/c3-mbpp --prefill runs/c5-gsm --prefill runs/c5-alpaca \

@@ -27,12 +27,7 @@ $R --data $D/gsm8k_train.jsonl:6400 --exclude $D/gsm8k_train.jsonl:6100 --out ru
 $R --data $D/alpaca_seed_tasks.jsonl:150 --exclude $D/alpaca_seed_tasks.jsonl:25 --out runs/c5-alpaca
 # 3. continue the drafter bundled before this step (restored from git)
 PREV=runs/dflash-c5
-if [ ! -f $PREV/model.safetensors ]; then
-  mkdir -p $PREV
-  for f in config.json model.safetensors; do
-    git show ${PREV_COMMIT:-bf358d6}:specviz/weights/dflash-smollm2-135m-instruct/$f > $PREV/$f
-  done
-fi
+restore_bundled $PREV ${PREV_COMMIT:-bf358d6}
 OUT=runs/dflash-c6
 python -m specviz train dflash --rollouts runs/eval-rollouts --prefill runs/c6-magpie \
   --prefill runs/c3-sb --prefill runs/c3-mbpp --prefill runs/c6-gsm --prefill runs/c5-alpaca \

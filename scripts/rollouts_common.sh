@@ -11,3 +11,12 @@ R="python -m specviz train rollouts --max-new-tokens 128 --batch-size 24 --holdo
   --data $D/mbpp.jsonl:924 --exclude $D/mbpp.jsonl:900 \
   --data $D/spec_bench_dev.jsonl:18 --exclude $D/spec_bench_dev.jsonl:10 \
   --out runs/eval-rollouts --max-new-tokens 128 --batch-size 24 --holdout 0.9999
+# restore_bundled FOLDER COMMIT: the DFlash drafter bundled at COMMIT, into FOLDER (once)
+restore_bundled() {
+  if [ ! -f "$1/model.safetensors" ]; then
+    mkdir -p "$1"
+    for f in config.json model.safetensors; do
+      git show "$2:specviz/weights/dflash-smollm2-135m-instruct/$f" > "$1/$f"
+    done
+  fi
+}
