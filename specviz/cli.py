@@ -17,9 +17,9 @@ import os
 import sys
 from pathlib import Path
 
-from .cli_data import (_add_train_prefill, _add_train_prompts, _add_train_rollouts,
-                       _add_train_store)
-from .cli_train import _add_eval, _add_train_dflash, _add_train_finetune, _add_train_retrace
+from .cli_data import (add_train_prefill, add_train_prompts, add_train_rollouts,
+                       add_train_store)
+from .cli_train import add_eval, add_train_dflash, add_train_finetune, add_train_retrace
 from .errors import SpecvizError
 
 GREEN, YELLOW, CYAN, RED, DIM, STRIKE, BOLD, RESET = (
@@ -296,17 +296,17 @@ def build_parser() -> argparse.ArgumentParser:
     methods, epilog = ", ".join(METHODS), methods_text()
     _add_run(sub, methods, epilog)
     _add_show_and_bench(sub, methods, epilog)
-    _add_eval(sub)
+    add_eval(sub)
     _add_align(sub)
     tsub = sub.add_parser("train", help="make rollouts / train a drafter (METHODS §1)"
                           ).add_subparsers(dest="train_cmd", required=True)
-    _add_train_rollouts(tsub)
-    _add_train_prompts(tsub)
-    _add_train_prefill(tsub)
-    _add_train_store(tsub)
-    _add_train_dflash(tsub)
-    _add_train_retrace(tsub)
-    _add_train_finetune(tsub)
+    add_train_rollouts(tsub)
+    add_train_prompts(tsub)
+    add_train_prefill(tsub)
+    add_train_store(tsub)
+    add_train_dflash(tsub)
+    add_train_retrace(tsub)
+    add_train_finetune(tsub)
     sub.add_parser("prepare", help="convert and cache the embedded model").set_defaults(
         func=cmd_prepare)
     return ap

@@ -135,7 +135,7 @@ def cmd_train_store(args) -> int:
     return 0
 
 
-def _add_train_rollouts(tsub) -> None:
+def add_train_rollouts(tsub) -> None:
     p = tsub.add_parser("rollouts", help="target replies + tapped hidden states for training")
     p.add_argument("--model", default="default",
                    help="'default' (embedded SmolLM2-135M-Instruct), a HF id or a local folder")
@@ -161,7 +161,7 @@ def _add_train_rollouts(tsub) -> None:
     p.set_defaults(func=cmd_train_rollouts)
 
 
-def _add_train_prompts(tsub) -> None:
+def add_train_prompts(tsub) -> None:
     p = tsub.add_parser("prompts", help="dialogue prompts the target writes itself (Magpie: "
                         "its chat template up to a user turn, sampled)")
     p.add_argument("--model", default="default")
@@ -182,7 +182,7 @@ def _add_train_prompts(tsub) -> None:
     p.set_defaults(func=cmd_train_prompts)
 
 
-def _add_train_prefill(tsub) -> None:
+def add_train_prefill(tsub) -> None:
     p = tsub.add_parser("prefill", help="exact prefill labels + tapped hidden states over "
                         "reference texts (fast training data)")
     p.add_argument("--model", default="default")
@@ -205,7 +205,7 @@ def _add_train_prefill(tsub) -> None:
     p.set_defaults(func=cmd_train_prefill)
 
 
-def _add_train_store(tsub) -> None:
+def add_train_store(tsub) -> None:
     p = tsub.add_parser("store", help="count AdaPLD's history store (the target's most frequent "
                         "next token per 1-3 token context) from greedy rollouts")
     p.add_argument("--rollouts", nargs="+", required=True, help="greedy rollout folders")

@@ -159,7 +159,7 @@ def cmd_train_finetune(args) -> int:
     return 0
 
 
-def _add_train_dflash(tsub) -> None:
+def add_train_dflash(tsub) -> None:
     p = tsub.add_parser("dflash", help="train a DFlash drafter on rollouts")
     p.add_argument("--rollouts", required=True,
                    help="rollouts folder: its train split is trained on, its eval split gives "
@@ -193,7 +193,7 @@ def _add_train_dflash(tsub) -> None:
     p.set_defaults(func=cmd_train_dflash)
 
 
-def _add_train_retrace(tsub) -> None:
+def add_train_retrace(tsub) -> None:
     p = tsub.add_parser("retrace", help="train a ReTrace fusion on a DFlash backbone (frozen, "
                         "or fine-tuned jointly with --backbone-lr)")
     p.add_argument("--data", action="append", required=True,
@@ -218,7 +218,7 @@ def _add_train_retrace(tsub) -> None:
     p.set_defaults(func=cmd_train_retrace)
 
 
-def _add_eval(sub) -> None:
+def add_eval(sub) -> None:
     p = sub.add_parser("eval", help="offline paired comparison of drafters on cached rollouts "
                        "(exact expected decoding rounds, no speculative decoding)")
     p.add_argument("--drafters", required=True,
@@ -236,7 +236,7 @@ def _add_eval(sub) -> None:
     p.set_defaults(func=cmd_eval)
 
 
-def _add_train_finetune(tsub) -> None:
+def add_train_finetune(tsub) -> None:
     p = tsub.add_parser("finetune", help="fine-tune a DFlash drafter with EDR (exact TD "
                         "gradient), decay-CE or the survival surrogate")
     p.add_argument("--objective", default="edr", choices=["edr", "decay_ce", "survival"])
