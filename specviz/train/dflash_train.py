@@ -425,7 +425,8 @@ def _batch_loss(model, target, cfg: TrainConfig, batcher: ShuffledOrder,
     return tot, wsum
 
 
-def _append_log(out: Path, rec: dict) -> None:
+def append_log(out: Path, rec: dict) -> None:
+    """One JSON line in ``out``'s training log (``train_log.jsonl``, read by the app and tests)."""
     with open(out / LOG_NAME, "a") as fh:
         fh.write(json.dumps(rec) + "\n")
 
@@ -482,7 +483,7 @@ def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainCo
             last_eval = simulated_tau(model, target, eval_set, limit=cfg.eval_rollouts)
             rec = {"step": step, "eval_tau": round(last_eval["tau"], 4),
                    "eval_rollouts": last_eval["rollouts"]}
-            _append_log(out, rec)
+            append_log(out, rec)
             if log:
                 log(rec)
 
@@ -507,7 +508,7 @@ def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainCo
             bar.set_postfix_str(f"loss {ema:.3f}"
                                 + (f" tau {last_eval['tau']:.2f}" if last_eval else ""))
         if (step + 1) % 10 == 0 or step + 1 == cfg.steps:
-            _append_log(out, rec)
+            append_log(out, rec)
         if log:
             log(rec)
         if cfg.eval_every and (step + 1) % cfg.eval_every == 0:

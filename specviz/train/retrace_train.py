@@ -24,7 +24,6 @@ on round r, no sampling.
 from __future__ import annotations
 
 import copy
-import json
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -35,7 +34,7 @@ import torch
 from ..drafters.retrace import (INCLUDED, INCLUDED_BACKBONE, ReTraceFusion, build_memory, fuse,
                                 fusion_config, save_retrace)
 from ..errors import SettingsError, SpecvizError
-from .dflash_train import (ShuffledOrder, TrainData, _lr_lambda, block_embeddings,
+from .dflash_train import (ShuffledOrder, TrainData, _lr_lambda, append_log, block_embeddings,
                            forward_blocks, sequence_context, slot_weights)
 from .prefill import block_labels
 from .rollouts import RolloutSet
@@ -270,10 +269,6 @@ def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_d
     hist, last_eval, t0 = [], None, time.perf_counter()
     conf = fusion_config(fusion, model, INCLUDED if joint else backbone)
 
-    def log(rec):
-        with open(out / LOG_NAME, "a") as fh:
-            fh.write(json.dumps(rec) + "\n")
-
     for step in range(start, cfg.steps):
         tot, wsum = _batch_loss(model, target, fusion, batcher, cfg, weights, joint)
         if float(wsum) > 0:
@@ -289,11 +284,11 @@ def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_d
             if hist:
                 bar.set_postfix_str(f"loss {sum(hist[-20:]) / len(hist[-20:]):.3f}")
         if (step + 1) % 10 == 0 and hist:
-            log({"step": step + 1, "loss": round(hist[-1], 5)})
+            append_log(out, {"step": step + 1, "loss": round(hist[-1], 5)})
         if evd is not None and cfg.eval_every and ((step + 1) % cfg.eval_every == 0
                                                    or step + 1 == cfg.steps):
             last_eval = evaluate(model, target, fusion, evd, cfg.eval_sequences)
-            log({"step": step + 1, **{k: round(v, 4) for k, v in last_eval.items()}})
+            append_log(out, {"step": step + 1, **{k: round(v, 4) for k, v in last_eval.items()}})
             if last_eval["accepted_fused"] > best["accepted_fused"]:
                 best = {"step": step + 1, "accepted_fused": last_eval["accepted_fused"]}
                 save_checkpoint(fusion, model, conf, out / BEST_DIR, cfg, step + 1)
