@@ -19,7 +19,8 @@ from pathlib import Path
 
 from .cli_data import (add_train_prefill, add_train_prompts, add_train_rollouts,
                        add_train_store)
-from .cli_train import add_eval, add_train_dflash, add_train_finetune, add_train_retrace
+from .cli_train import (add_eval, add_train_dflash, add_train_finetune, add_train_gate_probe,
+                        add_train_retrace)
 from .errors import SpecvizError
 
 GREEN, YELLOW, CYAN, RED, DIM, STRIKE, BOLD, RESET = (
@@ -306,6 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_store(tsub)
     add_train_dflash(tsub)
     add_train_retrace(tsub)
+    add_train_gate_probe(tsub)
     add_train_finetune(tsub)
     sub.add_parser("prepare", help="convert and cache the embedded model").set_defaults(
         func=cmd_prepare)

@@ -1,4 +1,4 @@
-"""Command line, learned drafters: ``python -m specviz train {dflash,retrace,finetune}`` and
+"""Command line, learned drafters: ``python -m specviz train {dflash,retrace,gate-probe,finetune}`` and
 ``eval`` -- training DFlash, ReTrace's fusion and EDR fine-tuning, and the exact offline
 evaluation on cached rollouts (METHODS §1, §2, §4). Training data: :mod:`specviz.cli_data`;
 entry point and error rule (one ``error:`` line): :mod:`specviz.cli`.
@@ -68,6 +68,31 @@ def cmd_train_retrace(args) -> int:
         print(f"best held-out step {res['best']['step']} (round r+1 accepted "
               f"{res['best']['accepted_fused']:.3f}) kept in {res['out']}/best")
     print(f"ReTrace written to {res['out']} (use: --method retrace --param checkpoint={res['out']})")
+    return 0
+
+
+def cmd_train_gate_probe(args) -> int:
+    from .drafters.dflash import bundled_checkpoint, load_dflash_checkpoint, resolve_checkpoint
+    from .drafters.state_probe import checkpoint_sha256, save_state_probe
+    from .models import load_target
+    from .train.gate_probe import fit_gate_probe
+    from .train.rollouts import RolloutSet
+
+    sets = [RolloutSet(r) for r in args.rollouts]  # a missing folder fails before the model
+    target = load_target(args.model, device=args.device, dtype="float32")
+    folder = resolve_checkpoint(args.checkpoint) if args.checkpoint else bundled_checkpoint(target)
+    if folder is None:
+        raise SpecvizError("--checkpoint is needed: no bundled DFlash drafter for this target")
+    model = load_dflash_checkpoint(folder)
+    probe = fit_gate_probe(model, target, sets, holdout=args.holdout, seed=args.seed,
+                           drafter_sha256=checkpoint_sha256(folder))
+    out = save_state_probe(probe, args.out or folder)
+    ho = probe.report["held_out"]
+    print(f"state probe fitted on {probe.report['fit_states']} states (ridge alpha "
+          f"{probe.report['alpha']:g}); held out {ho['states']} states: Pearson r "
+          f"{ho['pearson_r']}, at y_hat < {ho['threshold']} it skips {ho['skipped']:.0%} "
+          f"(true accepted {ho['accepted_when_skipped']} there vs {ho['accepted_when_kept']} kept)")
+    print(f"written to {out} (the dflash drafter of {folder} uses it with cut=auto)")
     return 0
 
 
@@ -216,6 +241,22 @@ def add_train_retrace(tsub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true")
     p.set_defaults(func=cmd_train_retrace)
+
+
+def add_train_gate_probe(tsub) -> None:
+    p = tsub.add_parser("gate-probe", help="fit the forward gate's state probe of a DFlash "
+                        "drafter (predicts its accepted length from the target's state)")
+    p.add_argument("--rollouts", action="append", required=True,
+                   help="greedy rollouts of prompts the drafter was NOT trained on; repeatable")
+    p.add_argument("--checkpoint", default=None, help="DFlash checkpoint (default: the bundled)")
+    p.add_argument("--out", default=None,
+                   help="folder for state_probe.safetensors (default: the checkpoint's)")
+    p.add_argument("--holdout", type=float, default=0.2,
+                   help="share of rollouts held out to choose the ridge penalty and report")
+    p.add_argument("--model", default="default")
+    p.add_argument("--device", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_train_gate_probe)
 
 
 def add_eval(sub) -> None:

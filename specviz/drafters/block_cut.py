@@ -19,6 +19,13 @@ committed and of what they cost (c(kept + 1) + d, in one-token forwards); while 
 below a plain step's (1 token per unit), the drafter is paused -- rounds are plain decoding
 steps with no drafter forward -- and probed after 4, 8, 16, 32 rounds. A probe that pays
 switches it back on. On an accelerator (flat curve, d ~ 0) it almost never pauses.
+
+What a drafted round cost is measured by default (DFlash's ``gate_cost="measured"``: the
+round's own drafting and verify forward times over the current one-token step, both timed in
+the run under the same load; offline replay has no timed forward and falls back to the model)
+or modelled (``gate_cost="model"``: c(kept + 1) + d). Before the gate, a drafter with a
+fitted state probe may also skip a forward the target's state says will not pay
+(:mod:`.state_probe`, off by default).
 """
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ from ..errors import SettingsError
 from .base import Draft, DraftContext, Drafter, VerifyFeedback
 from .block_cut import BlockCut, ForwardGate, SharedDraft
 from .block_tree import TREE_TOPK, TreeNode, best_first, path_confidence, tree_draft
-from .context import LazyContextKV
+from .context import LazyContextKV, tapped_features
 from .dflash_checkpoint import (ARCHITECTURE, BUNDLED, BUNDLED_DIR, CONFIG_NAME,  # noqa: F401
                                 MAX_BLOCK_SIZE, WEIGHTS_NAME, _check_compatible, _load_cached,
                                 bundled_checkpoint, init_from_target, load_dflash_checkpoint,
@@ -79,6 +79,7 @@ from .dflash_model import (DRAFT_VOCAB_KEY, DFlashAttention, DFlashDecoderLayer,
                            DFlashDraftModel, DFlashMLP, default_target_layer_ids)
 from .dflash_runtime import runtime_weights, tune_drafter_linears
 from .registry import MethodSpec, ParamSpec, params_by_name
+from .state_probe import load_state_probe, skips
 
 TOPK = 4  # drafter top-k ids/probs recorded per slot (rejected-suffix alignment)
 DEFAULT_TREE = 16  # draft tree nodes by default (0: chains; specviz.drafters.block_tree)
@@ -111,6 +112,19 @@ PARAMS = params_by_name(
                    "its rounds do not beat plain decoding; block = the cut without the pause; "
                    "off = always draft and verify the whole block (a tree: exactly 'tree' "
                    "nodes)."),
+    ParamSpec("state_probe", str, "off", choices=("off", "on", "probes"), label="State probe",
+              help="on = with cut auto, skip the drafter's forward in rounds whose predicted "
+                   "accepted length (a linear read-out of the target's state, fitted for this "
+                   "drafter and stored beside its checkpoint) cannot pay for the forward and "
+                   "the smallest verify; probes = only in the paused drafter's probe rounds; "
+                   "off = the forward gate alone (measured no faster, see the README). "
+                   "Drafters without a fitted probe ignore it. Lossless either way."),
+    ParamSpec("gate_cost", str, "measured", choices=("measured", "model"), label="Gate cost",
+              help="What the forward gate charges a drafted round (cut auto): measured = the "
+                   "round's own timed drafting and verify forward over the current one-token "
+                   "step (offline replay, which times no forward, falls back to the model); "
+                   "model = the verify-cost curve at its node count plus the drafter's "
+                   "forward. Lossless either way."),
     ParamSpec("tree", int, DEFAULT_TREE, range=(0, MAX_TREE), label="Draft tree nodes",
               help="0 = draft a chain (each slot's top word). N > 0 = verify the block as a "
                    "token tree of at most N nodes: the slots' top-4 words, most probable paths "
@@ -132,7 +146,8 @@ class DFlashDrafter(Drafter):
                  model: DFlashDraftModel | None = None, block_size: int | None = None,
                  draft_temperature: float = 0.0, seed: int = 0, dtype: str | torch.dtype | None = None,
                  device: str | None = None, cut: str = "auto", weights: str = "float",
-                 tree: int | None = None):
+                 tree: int | None = None, state_probe: str = "off",
+                 gate_cost: str = "measured"):
         if target is None:
             raise SettingsError("dflash needs the target model (make_drafter('dflash', target, ...))")
         self.tree_nodes = PARAMS["tree"].check(DEFAULT_TREE if tree in (None, "") else tree)
@@ -186,6 +201,12 @@ class DFlashDrafter(Drafter):
         self.hidden_state_layers = [i + 1 for i in model.target_layer_ids]
         self._ctx = LazyContextKV(self.hidden_state_layers, model.context_kv, self.device,
                                   self.dtype)
+        self.gate_cost = PARAMS["gate_cost"].check(gate_cost)
+        self.state_probe_setting = PARAMS["state_probe"].check(state_probe)
+        self.state_probe = None if self.state_probe_setting == "off" or checkpoint is None \
+            else load_state_probe(resolve_checkpoint(checkpoint), list(model.target_layer_ids),
+                                  len(self.hidden_state_layers) * int(model.hidden_size))
+        self._probe_x: torch.Tensor | None = None   # tapped features before the next anchor
         self._reset()
 
     # -- context cache (specviz.drafters.context.LazyContextKV): every drafter layer's context
@@ -213,6 +234,7 @@ class DFlashDrafter(Drafter):
         if len(prompt_ids) > 1:
             self._ctx.append(prefill_hidden, None, 0)
             self._ctx.flush()
+            self._keep_probe_features(prefill_hidden, len(prompt_ids) - 2)
 
     def block_input(self, tokens: list[int]) -> torch.Tensor:
         """The block's input embeddings [1, B, H]: the last committed token, then B-1 masks
@@ -280,6 +302,13 @@ class DFlashDrafter(Drafter):
             extras["cut"] = {"kept": 0, "block": k, "paused": True,
                              **self._gate_state(drafted=False)}
             return Draft(extras=extras)   # paused: a plain decoding step, no drafter forward
+        skip = self._probe_verdict()
+        if skip is not None:
+            extras["state_probe"] = skip
+            if skip["skip"]:   # the target's state says the block would not pay: a plain step
+                extras["cut"] = {"kept": 0, "block": k, "paused": True,
+                                 **self._gate_state(drafted=False)}
+                return Draft(extras=extras)
         logits, chain, words = None, None, None
         if self.draft_temperature > 0 or self.chains:
             logits, chain = self.draft_logits(list(ctx.tokens), k)
@@ -348,6 +377,35 @@ class DFlashDrafter(Drafter):
             nodes = best_first(raw, self.tree_nodes)
         return tree_draft(nodes, raw, ids, extras)
 
+    def _round_cost(self, rnd) -> float | None:
+        """What the drafted round really cost, in one-token forwards: its drafting and verify
+        forward times over the cost model's current one-token step (both measured in this run,
+        under the same load); None (the gate uses c(nodes + 1) + d) with ``gate_cost="model"``
+        or without a timed forward (offline replay)."""
+        step = self.cut.cost.step_time if self.cut is not None else 0.0
+        if self.gate_cost != "measured" or not rnd.t_forward or step <= 0:
+            return None
+        return (float(rnd.t_draft) + float(rnd.t_forward)) / step
+
+    def _probe_verdict(self) -> dict[str, Any] | None:
+        """The state probe's verdict before this round's forward (:mod:`.state_probe`): skip?,
+        predicted accepted length and the threshold c(2) + d - 1; None without a probe (no
+        fitted probe, ``cut`` not auto, or a hybrid's block, judged against its lookup)."""
+        if self.state_probe is None or self._probe_x is None or self.cut is None \
+                or self.cut.gate is None or self.shared is not None \
+                or (self.state_probe_setting == "probes" and not self.cut.gate.off):
+            return None
+        skip, y_hat, threshold = skips(self.state_probe, self._probe_x,
+                                       self.cut.cost.relative(2), self.cut.draft_cost)
+        return {"skip": skip, "predicted": round(y_hat, 3), "threshold": round(threshold, 3)}
+
+    def _keep_probe_features(self, hidden_states, row: int) -> None:
+        """Keep the tapped features of ``row`` (the position before the next anchor) for the
+        state probe; nothing without a probe."""
+        if self.state_probe is not None and hidden_states is not None and row >= 0:
+            self._probe_x = tapped_features(hidden_states, self.hidden_state_layers,
+                                            [row])[0, 0].float().cpu()
+
     def _gate_state(self, drafted: bool) -> dict[str, Any]:
         """The forward gate's rate when this round was decided, and whether a drafted round is a
         probe of the paused drafter (the decode page's gate chart); empty without a gate."""
@@ -363,7 +421,7 @@ class DFlashDrafter(Drafter):
         if self.cut is not None and view is not None:
             conf, kept, nodes = view
             self.cut.observe(conf, kept, int(rnd.accepted), float(rnd.t_draft), int(rnd.index),
-                             len(rnd.committed), nodes=nodes)
+                             len(rnd.committed), nodes=nodes, gate_cost=self._round_cost(rnd))
 
     def observe_context(self, feedback: VerifyFeedback) -> None:
         """Queue the newly committed rows' tapped features (the verify forward's hidden states
@@ -374,6 +432,8 @@ class DFlashDrafter(Drafter):
         start = int(rnd.start) - 1        # position of the verify input's row 0
         self._ctx.crop(start)
         self._ctx.append(feedback.hidden_states, rows, start)
+        if rows:
+            self._keep_probe_features(feedback.hidden_states, rows[-1])
 
     def pop_cut(self, path: list[int]) -> tuple[list[float], int, int] | None:
         """What the cut learns from the last drafted block, once, given the accepted ``path``
@@ -399,7 +459,9 @@ class DFlashDrafter(Drafter):
                 "draft_vocab_size": None if self.model.draft_vocab is None
                 else int(self.model.draft_vocab.numel()), "cut": self.cut_mode,
                 "weights": self.weights_setting, "weights_in_use": self.weights,
-                "tree": self.tree_nodes}
+                "tree": self.tree_nodes, "state_probe": self.state_probe_setting,
+                "gate_cost": self.gate_cost,
+                "state_probe_in_use": self.state_probe is not None}
 
 
 SPECS = (MethodSpec("dflash", DFlashDrafter, "DFlash", "DFlash: block-diffusion drafter on the "

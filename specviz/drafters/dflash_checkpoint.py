@@ -18,6 +18,7 @@ from .dflash_model import (DRAFT_VOCAB_KEY, DFlashDraftModel, _block_size_of,
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+PROBE_NAME = "state_probe.safetensors"   # the forward gate's state probe (.state_probe), not weights
 ARCHITECTURE = "DFlashDraftModel"
 MAX_BLOCK_SIZE = 64
 
@@ -95,7 +96,8 @@ def load_dflash_checkpoint(checkpoint: str | Path, device: str | torch.device = 
         raise ModelLoadError(f"DFlash config misses {', '.join(missing_cfg)}")
     if cfg.get("use_sliding_window") and cfg.get("sliding_window"):
         raise ModelLoadError("sliding-window DFlash drafters are not supported")
-    files = sorted(folder.glob("*.safetensors"))
+    files = sorted(f for f in folder.glob("*.safetensors")   # not the gate's state probe
+                   if f.name != PROBE_NAME)
     if not files:
         raise ModelLoadError(f"DFlash checkpoint {folder} has no {WEIGHTS_NAME}")
     state: dict[str, torch.Tensor] = {}

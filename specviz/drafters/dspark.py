@@ -99,7 +99,7 @@ class DSparkDrafter(DFlashDrafter):
                  model: DFlashDraftModel | None = None, block_size: int | None = None,
                  draft_temperature: float = 0.0, seed: int = 0,
                  dtype: str | torch.dtype | None = None, device: str | None = None,
-                 cut: str = "auto", weights: str = "float"):
+                 cut: str = "auto", weights: str = "float", gate_cost: str = "measured"):
         if target is not None and (checkpoint is None or not str(checkpoint).strip()) \
                 and model is None:
             checkpoint = bundled_checkpoint(target, BUNDLED)
@@ -109,7 +109,7 @@ class DSparkDrafter(DFlashDrafter):
                                     "embedded SmolLM2-135M-Instruct has a bundled one")
         super().__init__(target, checkpoint, model=model, block_size=block_size,
                          draft_temperature=draft_temperature, seed=seed, dtype=dtype,
-                         device=device, cut=cut, weights=weights)
+                         device=device, cut=cut, weights=weights, gate_cost=gate_cost)
 
     def draft_logits(self, tokens: list[int], k: int) -> tuple[torch.Tensor, list[int] | None]:
         m = self.model
@@ -127,4 +127,5 @@ class DSparkDrafter(DFlashDrafter):
 SPECS = (MethodSpec("dspark", DSparkDrafter, "DSpark", "DSpark: DFlash + a low-rank "
                     "previous-token (Markov) head, block drafted left to right (bundled for "
                     "the embedded model)", kind="learned", needs_target=True,
-                    params=tuple(p for p in PARAMS.values() if p.name != "tree")),)
+                    params=tuple(p for p in PARAMS.values()
+                                 if p.name not in ("tree", "state_probe"))),)

@@ -56,7 +56,7 @@ PARAMS = params_by_name(
               help="The DFlash drafter under ReTrace. Empty = the one the ReTrace checkpoint "
                    "was trained on."),
     DFLASH_PARAMS["block_size"], DFLASH_PARAMS["draft_temperature"], DFLASH_PARAMS["seed"],
-    DFLASH_PARAMS["cut"], DFLASH_PARAMS["weights"],
+    DFLASH_PARAMS["cut"], DFLASH_PARAMS["gate_cost"], DFLASH_PARAMS["weights"],
     ParamSpec("gate", str, "learned", choices=("learned", "off"), label="Memory gate",
               help="learned = fuse the rejected suffix through the trained gate; off = gate "
                    "forced to zero (drafts exactly what the DFlash backbone drafts)."),
@@ -223,7 +223,8 @@ class ReTraceDrafter(DFlashDrafter):
                  backbone: str | None = None, fusion: ReTraceFusion | None = None,
                  gate: str = "learned", model=None, block_size: int | None = None,
                  draft_temperature: float = 0.0, seed: int = 0, cut: str = "auto",
-                 dtype=None, device: str | None = None, weights: str = "float"):
+                 dtype=None, device: str | None = None, weights: str = "float",
+                 gate_cost: str = "measured"):
         if target is None:
             raise SettingsError("retrace needs the target model")
         self.gate_off = PARAMS["gate"].check(gate) == "off"
@@ -245,7 +246,7 @@ class ReTraceDrafter(DFlashDrafter):
             backbone = str(cfg["backbone"])
         super().__init__(target, checkpoint=backbone or None, model=model, block_size=block_size,
                          draft_temperature=draft_temperature, seed=seed, cut=cut, dtype=dtype,
-                         device=device, weights=weights, tree=0)
+                         device=device, weights=weights, tree=0, gate_cost=gate_cost)
         check_backbone(cfg, self.model)
         self.fusion = fusion.to(device=self.device, dtype=self.dtype).eval()
         self.memory: RejectedMemory | None = None

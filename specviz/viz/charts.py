@@ -321,13 +321,16 @@ def gate_rounds(trace: Trace) -> pd.DataFrame:
     """Per round of a block drafter with a forward gate (``cut="auto"``): the gate's rate when
     the round was decided (tokens per one-token forward of the recent drafted rounds, decayed)
     and what the round was: drafted, drafted but cut to nothing, a probe
-    of the paused drafter, or paused (a plain step, no drafter forward). Empty without a gate."""
+    of the paused drafter, paused (a plain step, no drafter forward), or skipped by the state
+    probe (:mod:`specviz.drafters.state_probe`: a plain step too). Empty without a gate."""
     rows = []
     for r in trace.rounds:
         cut = (r.extras or {}).get("cut") or {}
         if "rate" not in cut:
             continue
-        kind = ("paused" if cut.get("paused") else "probe" if cut.get("probe")
+        skipped = ((r.extras or {}).get("state_probe") or {}).get("skip")
+        kind = ("skipped (state probe)" if cut.get("paused") and skipped
+                else "paused" if cut.get("paused") else "probe" if cut.get("probe")
                 else "drafted" if cut.get("kept", 0) > 0 else "cut to nothing")
         rows.append({"round": r.index + 1, "rate": float(cut["rate"]), "kind": kind,
                      "committed": len(r.committed)})
@@ -346,7 +349,8 @@ def fig_gate(trace: Trace) -> go.Figure:
         style = {"drafted": (CHART_COLORS["accepted"], "circle"),
                  "cut to nothing": (CHART_COLORS["nodraft"], "x"),
                  "probe": (CHART_COLORS["correction"], "diamond"),
-                 "paused": ("#cbd5e1", "circle-open")}
+                 "paused": ("#cbd5e1", "circle-open"),
+                 "skipped (state probe)": ("#94a3b8", "triangle-down-open")}
         for kind, (color, symbol) in style.items():
             d = df[df["kind"] == kind]
             if len(d):

@@ -66,6 +66,13 @@ def _adapld(ex: dict) -> str:
 def _dflash(ex: dict, r: Round) -> str:
     cut = ex.get("cut")
     words = f"block of {ex.get('block_size', '?')} slots"
+    probe = ex.get("state_probe")
+    if isinstance(cut, dict) and cut.get("paused") and isinstance(probe, dict) \
+            and probe.get("skip"):
+        return ("drafter skipped: a plain decoding step with no drafter forward (the state "
+                f"probe read {probe.get('predicted', '?')} accepted tokens off the target's "
+                f"state, below the {probe.get('threshold', '?')} a forward and the smallest "
+                "verify cost)")
     if isinstance(cut, dict) and cut.get("paused"):
         return ("drafter paused: a plain decoding step with no drafter forward (its recent "
                 f"rounds committed {cut.get('rate', '?')} tokens per step's cost, less than "
