@@ -313,7 +313,11 @@ def _gate_section(view: Trace, prefix: str) -> None:
                    "rounds commit more tokens per one-token forward than plain decoding "
                    "(1, the dashed line). Below it the drafter is paused: those rounds are "
                    "plain decoding steps with no drafter forward, and every 4, 8, 16, 32 "
-                   "rounds a probe tries it again; a probe that pays switches it back on.")
+                   "rounds a probe tries it again; a probe that pays switches it back on. "
+                   "Where the drafter has a fitted state probe, a round the gate would draft "
+                   "is also skipped (a plain step) when the target's own state predicts "
+                   "fewer accepted tokens than the forward and the smallest verify cost "
+                   "(triangles).")
         _chart(viz.fig_gate(view), f"{prefix}_fig_gate")
 
 
