@@ -41,8 +41,10 @@ when ``checkpoint`` is left empty and the target is SmolLM2-135M-Instruct.
 Weights at run time (``weights``: float, int8, auto; packed CPU kernels): :mod:`.dflash_runtime`.
 
 Modules: the torch model in :mod:`.dflash_model`, checkpoints (published layout, bundled
-drafters, warm start) in :mod:`.dflash_checkpoint`; this module is the drafter (names of both
-are re-exported here).
+drafters, warm start) in :mod:`.dflash_checkpoint`, its settings in :mod:`.dflash_params`;
+this module is the drafter (names of all three are re-exported here). Before each forward the
+forward gate (:mod:`.block_cut`, charging each drafted round what it measurably cost) and, when
+fitted and on, the state probe (:mod:`.state_probe`) may make the round a plain step.
 
 Runtime (:class:`DFlashDrafter`): the drafter keeps a per-layer cache of the context K/V,
 one row per committed position except the last committed token (which is the block's slot 0):
@@ -77,61 +79,12 @@ from .dflash_checkpoint import (ARCHITECTURE, BUNDLED, BUNDLED_DIR, CONFIG_NAME,
                                 save_dflash_checkpoint)
 from .dflash_model import (DRAFT_VOCAB_KEY, DFlashAttention, DFlashDecoderLayer,  # noqa: F401
                            DFlashDraftModel, DFlashMLP, default_target_layer_ids)
+from .dflash_params import DEFAULT_TREE, MAX_TREE, PARAMS  # noqa: F401
 from .dflash_runtime import runtime_weights, tune_drafter_linears
-from .registry import MethodSpec, ParamSpec, params_by_name
+from .registry import MethodSpec
 from .state_probe import load_state_probe, skips
 
 TOPK = 4  # drafter top-k ids/probs recorded per slot (rejected-suffix alignment)
-DEFAULT_TREE = 16  # draft tree nodes by default (0: chains; specviz.drafters.block_tree)
-MAX_TREE = 64
-PARAMS = params_by_name(
-    ParamSpec("checkpoint", str, "", label="Drafter checkpoint",
-              help="A DFlash (or DSpark) drafter folder or hub id (config.json + "
-                   "model.safetensors), or the name of one bundled with specviz "
-                   "(dflash-edr-t1-smollm2-135m-instruct: EDR-fine-tuned for sampling at "
-                   "T = 1). Empty = the drafter this project trained for the embedded "
-                   "SmolLM2-135M-Instruct."),
-    ParamSpec("block_size", int, 0, range=(0, MAX_BLOCK_SIZE), label="Block size",
-              help="Slots per block (anchor + masks), at most the checkpoint's; 0 = the "
-                   "checkpoint's own. Smaller blocks draft fewer tokens per round."),
-    ParamSpec("draft_temperature", float, 0.0, range=(0, 10), label="Draft temperature",
-              help="0 = argmax drafts; > 0 samples each slot (still lossless: the target "
-                   "verifies with rejection sampling)."),
-    ParamSpec("seed", int, 0, range=(0, 2 ** 32 - 1), label="Drafter seed",
-              help="Seeds the drafter's own sampler (draft temperature > 0)."),
-    ParamSpec("weights", str, "float", choices=("float", "int8", "auto"), label="Drafter weights",
-              help="float = the checkpoint's own dtype; int8 = int8 decoder layers and head (a "
-                   "float32 drafter on a CPU reads its weights faster; activations are quantized "
-                   "per call, so offline replay of such a drafter is not exact); auto = int8 "
-                   "where measured faster at load. The target verifies either way: output is "
-                   "unchanged."),
-    ParamSpec("cut", str, "auto", choices=("auto", "block", "off"), label="Cut the block",
-              help="auto = verify only the prefix of the block whose expected accepted tokens "
-                   "pay for the longer verify (measured cost model, calibrated confidence), "
-                   "and pause the drafter (plain decoding steps, probed now and then) while "
-                   "its rounds do not beat plain decoding; block = the cut without the pause; "
-                   "off = always draft and verify the whole block (a tree: exactly 'tree' "
-                   "nodes)."),
-    ParamSpec("state_probe", str, "off", choices=("off", "on", "probes"), label="State probe",
-              help="on = with cut auto, skip the drafter's forward in rounds whose predicted "
-                   "accepted length (a linear read-out of the target's state, fitted for this "
-                   "drafter and stored beside its checkpoint) cannot pay for the forward and "
-                   "the smallest verify; probes = only in the paused drafter's probe rounds; "
-                   "off = the forward gate alone (measured no faster, see the README). "
-                   "Drafters without a fitted probe ignore it. Lossless either way."),
-    ParamSpec("gate_cost", str, "measured", choices=("measured", "model"), label="Gate cost",
-              help="What the forward gate charges a drafted round (cut auto): measured = the "
-                   "round's own timed drafting and verify forward over the current one-token "
-                   "step (offline replay, which times no forward, falls back to the model); "
-                   "model = the verify-cost curve at its node count plus the drafter's "
-                   "forward. Lossless either way."),
-    ParamSpec("tree", int, DEFAULT_TREE, range=(0, MAX_TREE), label="Draft tree nodes",
-              help="0 = draft a chain (each slot's top word). N > 0 = verify the block as a "
-                   "token tree of at most N nodes: the slots' top-4 words, most probable paths "
-                   "first (product of the slots' probabilities), as many as pay for the wider "
-                   "verify (cut auto/block) or exactly N (cut off). Greedy drafts only (draft "
-                   "temperature 0) and targets verifying unpadded trees; lossless either way."),
-)
 
 
 # --------------------------------------------------------------------------- the drafter
@@ -298,17 +251,8 @@ class DFlashDrafter(Drafter):
         extras = {"block_size": self.block_size, "confidence": []}
         if k == 0:
             return Draft(extras=extras)
-        if self.cut is not None and not self.cut.wants_forward(ctx.round_index):
-            extras["cut"] = {"kept": 0, "block": k, "paused": True,
-                             **self._gate_state(drafted=False)}
-            return Draft(extras=extras)   # paused: a plain decoding step, no drafter forward
-        skip = self._probe_verdict()
-        if skip is not None:
-            extras["state_probe"] = skip
-            if skip["skip"]:   # the target's state says the block would not pay: a plain step
-                extras["cut"] = {"kept": 0, "block": k, "paused": True,
-                                 **self._gate_state(drafted=False)}
-                return Draft(extras=extras)
+        if self._skips_forward(ctx.round_index, k, extras):
+            return Draft(extras=extras)   # a plain decoding step, no drafter forward
         logits, chain, words = None, None, None
         if self.draft_temperature > 0 or self.chains:
             logits, chain = self.draft_logits(list(ctx.tokens), k)
@@ -318,6 +262,30 @@ class DFlashDrafter(Drafter):
             probs = torch.softmax(scores, dim=-1)
         if self._drafts_tree():
             return self._propose_tree(probs, words, k, extras)
+        return self._propose_chain(probs, logits, chain, words, k, extras)
+
+    def _skips_forward(self, round_index: int, k: int, extras: dict) -> bool:
+        """No drafter forward this round? The forward gate has paused the drafter, or its
+        state probe says the block would not pay (:mod:`.state_probe`, when fitted and on);
+        the verdict goes into ``extras``."""
+        if self.cut is not None and not self.cut.wants_forward(round_index):
+            extras["cut"] = {"kept": 0, "block": k, "paused": True,
+                             **self._gate_state(drafted=False)}
+            return True
+        verdict = self._probe_verdict()
+        if verdict is not None:
+            extras["state_probe"] = verdict
+            if verdict["skip"]:
+                extras["cut"] = {"kept": 0, "block": k, "paused": True,
+                                 **self._gate_state(drafted=False)}
+                return True
+        return False
+
+    def _propose_chain(self, probs: torch.Tensor, logits: torch.Tensor | None,
+                       chain: list[int] | None, words: torch.Tensor | None, k: int,
+                       extras: dict) -> Draft:
+        """The block as a chain: each slot's top word (or DSpark's left-to-right ``chain``, or a
+        sample at the draft temperature), cut to the prefix that pays (BlockCut)."""
         conf, top = probs.max(-1)
         if words is not None:
             top = words[top]
