@@ -240,3 +240,18 @@ def _fresh_adapld_experience():
 
     clear_experience()
     yield
+
+
+def counted_lossless_run(monkeypatch, target, drafter, ids, settings):
+    """Run ``drafter`` on ``ids``, counting its forwards (``block_hidden`` calls), and check the
+    output equals plain decoding's. Returns (trace, number of drafter forwards)."""
+    from specviz.analysis.lossless import compare_outputs
+    from specviz.engine import Session, generate
+
+    calls = []
+    real = drafter.block_hidden
+    monkeypatch.setattr(drafter, "block_hidden", lambda t: calls.append(1) or real(t))
+    tr = Session(target, drafter, ids, settings).run()
+    ar = generate(target, "ar", ids, settings)
+    assert compare_outputs(target, ids, ar.output_ids, tr.output_ids).ok
+    return tr, len(calls)

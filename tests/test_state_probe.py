@@ -16,7 +16,7 @@ from specviz.drafters.state_probe import (PROBE_NAME, StateProbe, checkpoint_sha
 from specviz.engine import DecodeSettings, Session, generate
 from specviz.models import ModelLoadError
 
-from conftest import make_tiny_rollouts, repetitive_prompt
+from conftest import counted_lossless_run, make_tiny_rollouts, repetitive_prompt
 
 
 def _linear_data(n=600, f=12, seed=0):
@@ -84,22 +84,17 @@ def test_dflash_with_a_probe_skips_forwards_and_stays_lossless(tiny_target, monk
     plain = Session(tiny_target, DFlashDrafter(tiny_target, model=model, cut="auto"), ids, s).run()
     drafter = DFlashDrafter(tiny_target, model=model, cut="auto")
     drafter.state_probe = _constant_probe(drafter, value)
-    calls = []
-    real = drafter.block_hidden
-    monkeypatch.setattr(drafter, "block_hidden", lambda t: calls.append(1) or real(t))
-    tr = Session(tiny_target, drafter, ids, s).run()
-    ar = generate(tiny_target, "ar", ids, s)
-    assert compare_outputs(tiny_target, ids, ar.output_ids, tr.output_ids).ok
+    tr, forwards = counted_lossless_run(monkeypatch, tiny_target, drafter, ids, s)
     judged = [r for r in tr.rounds if "state_probe" in r.extras]   # asked before each forward
     verdicts = [r.extras["state_probe"] for r in judged]
     if value < 0:   # never a forward, so the gate never pauses: every round is judged
         assert len(judged) >= len(tr.rounds) - 2   # (the last rounds: no budget left)
-        assert not calls and all(v["skip"] and r.draft == [] for v, r in zip(verdicts, judged))
+        assert not forwards and all(v["skip"] and not r.draft for v, r in zip(verdicts, judged))
         assert all(r.extras["cut"]["paused"] for r in judged)
     else:           # judged exactly where the gate wanted a forward, never skipped
-        assert judged and not any(v["skip"] for v in verdicts) and len(judged) == len(calls)
+        assert judged and not any(v["skip"] for v in verdicts) and len(judged) == forwards
         assert [r.draft for r in tr.rounds] == [r.draft for r in plain.rounds]
-        assert len(calls) == sum(1 for r in plain.rounds
+        assert forwards == sum(1 for r in plain.rounds
                                  if r.extras.get("cut") and not r.extras["cut"].get("paused"))
 
 
