@@ -78,6 +78,8 @@ def cmd_train_gate_probe(args) -> int:
     from .train.gate_probe import fit_gate_probe
     from .train.rollouts import RolloutSet
 
+    if not 0.0 < args.holdout < 1.0:
+        raise SpecvizError(f"--holdout must be between 0 and 1 (exclusive), got {args.holdout}")
     sets = [RolloutSet(r) for r in args.rollouts]  # a missing folder fails before the model
     target = load_target(args.model, device=args.device, dtype="float32")
     folder = resolve_checkpoint(args.checkpoint) if args.checkpoint else bundled_checkpoint(target)

@@ -147,9 +147,11 @@ def test_probe_labels_are_the_live_drafters_accepted_length(tiny_target, tmp_pat
 def test_cli_gate_probe_bad_input_is_one_clear_line(tmp_path, capsys):
     from specviz.cli import main
 
-    assert main(["train", "gate-probe", "--rollouts", str(tmp_path / "missing")]) != 0
-    err = capsys.readouterr().err
-    assert err.startswith("error:") and "Traceback" not in err
+    for argv in (["--rollouts", str(tmp_path / "missing")],
+                 ["--rollouts", str(tmp_path), "--holdout", "1.5"]):
+        assert main(["train", "gate-probe", *argv]) != 0
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and "Traceback" not in err
 
 
 def test_measured_gate_cost_charges_the_rounds_own_times(tiny_target, monkeypatch):
