@@ -94,7 +94,8 @@ def cmd_train_gate_probe(args) -> int:
           f"{probe.report['alpha']:g}); held out {ho['states']} states: Pearson r "
           f"{ho['pearson_r']}, at y_hat < {ho['threshold']} it skips {ho['skipped']:.0%} "
           f"(true accepted {ho['accepted_when_skipped']} there vs {ho['accepted_when_kept']} kept)")
-    print(f"written to {out} (the dflash drafter of {folder} uses it with cut=auto)")
+    print(f"written to {out} (the dflash drafter of {folder} uses it with --param "
+          "state_probe=on)")
     return 0
 
 

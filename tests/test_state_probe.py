@@ -91,6 +91,10 @@ def test_dflash_with_a_probe_skips_forwards_and_stays_lossless(tiny_target, monk
         assert len(judged) >= len(tr.rounds) - 2   # (the last rounds: no budget left)
         assert not forwards and all(v["skip"] and not r.draft for v, r in zip(verdicts, judged))
         assert all(r.extras["cut"]["paused"] for r in judged)
+        from specviz.viz import gate_rounds            # the decode page says why
+        from specviz.viz.extras import describe_extras
+        assert set(gate_rounds(tr)["kind"]) == {"skipped (state probe)"}
+        assert "state probe" in describe_extras(judged[0])
     else:           # judged exactly where the gate wanted a forward, never skipped
         assert judged and not any(v["skip"] for v in verdicts) and len(judged) == forwards
         assert [r.draft for r in tr.rounds] == [r.draft for r in plain.rounds]
