@@ -1,7 +1,8 @@
-"""Command line, learned drafters: ``python -m specviz train {dflash,retrace,gate-probe,finetune}`` and
-``eval`` -- training DFlash, ReTrace's fusion and EDR fine-tuning, and the exact offline
-evaluation on cached rollouts (METHODS §1, §2, §4). Training data: :mod:`specviz.cli_data`;
-entry point and error rule (one ``error:`` line): :mod:`specviz.cli`.
+"""Command line, learned drafters: ``python -m specviz train
+{dflash,retrace,gate-probe,finetune}`` and ``eval`` -- training DFlash, ReTrace's fusion, the
+forward gate's state probe and EDR fine-tuning, and the exact offline evaluation on cached
+rollouts (METHODS §1, §2, §4). Training data: :mod:`specviz.cli_data`; entry point and error
+rule (one ``error:`` line): :mod:`specviz.cli`.
 """
 from __future__ import annotations
 
@@ -75,11 +76,10 @@ def cmd_train_gate_probe(args) -> int:
     from .drafters.dflash import bundled_checkpoint, load_dflash_checkpoint, resolve_checkpoint
     from .drafters.state_probe import checkpoint_sha256, save_state_probe
     from .models import load_target
-    from .train.gate_probe import fit_gate_probe
+    from .train.gate_probe import check_holdout, fit_gate_probe
     from .train.rollouts import RolloutSet
 
-    if not 0.0 < args.holdout < 1.0:
-        raise SpecvizError(f"--holdout must be between 0 and 1 (exclusive), got {args.holdout}")
+    check_holdout(args.holdout)   # before the model loads
     sets = [RolloutSet(r) for r in args.rollouts]  # a missing folder fails before the model
     target = load_target(args.model, device=args.device, dtype="float32")
     folder = resolve_checkpoint(args.checkpoint) if args.checkpoint else bundled_checkpoint(target)
@@ -92,8 +92,9 @@ def cmd_train_gate_probe(args) -> int:
     ho = probe.report["held_out"]
     print(f"state probe fitted on {probe.report['fit_states']} states (ridge alpha "
           f"{probe.report['alpha']:g}); held out {ho['states']} states: Pearson r "
-          f"{ho['pearson_r']}, at y_hat < {ho['threshold']} it skips {ho['skipped']:.0%} "
-          f"(true accepted {ho['accepted_when_skipped']} there vs {ho['accepted_when_kept']} kept)")
+          f"{ho['pearson_r']}, at y_hat < {ho['threshold']:.3f} (this machine) it skips "
+          f"{ho['skipped']:.0%} (true accepted {ho['accepted_when_skipped']} there vs "
+          f"{ho['accepted_when_kept']} kept)")
     print(f"written to {out} (the dflash drafter of {folder} uses it with --param "
           "state_probe=on)")
     return 0

@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -66,18 +67,16 @@ class StateProbe:
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """Predicted accepted length for features x [..., F] (float32 tensor [...]): one dot
-        product with the standardisation folded into the weights (w / scale, b - mean . w /
-        scale), so a round pays ~F multiply-adds."""
-        w, b = self.folded()
+        product with the standardisation folded into the weights, so a round pays ~F
+        multiply-adds."""
+        w, b = self.folded
         return x.float() @ w + b
 
+    @cached_property
     def folded(self) -> tuple[torch.Tensor, float]:
-        key = (self.weight.data_ptr(), self.mean.data_ptr(), self.scale.data_ptr(), self.bias)
-        if getattr(self, "_folded_key", None) != key:
-            w = (self.weight.double() / self.scale.double())
-            self._folded = (w.float(), float(self.bias - float(self.mean.double() @ w)))
-            self._folded_key = key
-        return self._folded
+        """(w / scale, b - mean . w / scale): the probe as one affine map of the raw features."""
+        w = self.weight.double() / self.scale.double()
+        return w.float(), float(self.bias - float(self.mean.double() @ w))
 
 
 def fit_state_probe(x: torch.Tensor, y: torch.Tensor, layers: list[int], alpha: float = 1000.0,
@@ -97,12 +96,18 @@ def fit_state_probe(x: torch.Tensor, y: torch.Tensor, layers: list[int], alpha: 
                       drafter_sha256)
 
 
+def skip_threshold(c2: float, draft_cost: float) -> float:
+    """The accepted length a round must be expected to beat to pay for the drafter's forward
+    (``draft_cost``) and the smallest verify (c(2)), both in one-token forwards: c(2) + d - 1."""
+    return float(c2) + float(draft_cost) - 1.0
+
+
 def skips(probe: StateProbe, x: torch.Tensor, c2: float, draft_cost: float
           ) -> tuple[bool, float, float]:
-    """(skip the forward?, y_hat, threshold c(2) + d - 1) for the features x [F] of the last
-    committed position (see the module docstring)."""
+    """(skip the forward?, y_hat, threshold) for the features x [F] of the last committed
+    position (see the module docstring)."""
     y_hat = float(probe.predict(x.reshape(-1)))
-    threshold = float(c2) + float(draft_cost) - 1.0
+    threshold = skip_threshold(c2, draft_cost)
     return y_hat < threshold, y_hat, threshold
 
 

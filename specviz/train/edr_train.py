@@ -37,12 +37,11 @@ import torch
 
 from ..analysis.edr import evaluate, greedy_acceptance, occupancy, values
 from ..errors import SettingsError, SpecvizError
-from .dflash_train import (_lr_lambda, _save, block_embeddings, forward_blocks, sequence_context,
-                           slot_weights)
+from .dflash_train import (_lr_lambda, _save, append_log, block_embeddings, forward_blocks,
+                           sequence_context, slot_weights)
 from .objectives import acceptance_from_probs, check_objective, round_terms, survival_surrogate
 from .rollouts import RolloutSet
 
-LOG_NAME = "train_log.jsonl"
 
 
 @dataclass
@@ -226,15 +225,11 @@ def finetune(target, model, rollouts_dir, eval_dir, out, cfg: EDRTrainConfig,
     order: list[int] = []
     hist, evals, t0 = [], [], time.perf_counter()
 
-    def log(rec):
-        with open(out / LOG_NAME, "a") as fh:
-            fh.write(json.dumps(rec) + "\n")
-
     if ev is not None and len(ev):
         evals.append({"step": 0, **{k: v for k, v in offline_edr(model, target, ev,
                                                                   cfg.eval_rollouts).items()
                                     if k != "per_rollout"}})
-        log(evals[-1])
+        append_log(out, evals[-1])
     for step in range(cfg.steps):
         opt.zero_grad(set_to_none=True)
         tot = 0.0
@@ -257,12 +252,12 @@ def finetune(target, model, rollouts_dir, eval_dir, out, cfg: EDRTrainConfig,
         if bar is not None:
             bar.update(1)
         if (step + 1) % 10 == 0:
-            log({"step": step + 1, "loss": round(tot, 5)})
+            append_log(out, {"step": step + 1, "loss": round(tot, 5)})
         if ev is not None and len(ev) and cfg.eval_every and \
                 ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
             evals.append({"step": step + 1, **{k: v for k, v in offline_edr(
                 model, target, ev, cfg.eval_rollouts).items() if k != "per_rollout"}})
-            log(evals[-1])
+            append_log(out, evals[-1])
             if bar is not None:
                 bar.set_postfix_str(f"EDR {evals[-1]['expected_rounds']:.1f}")
     if bar is not None:

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from ..analysis.edr import greedy_acceptance
 from ..analysis.offline_eval import dflash_state_drafts
-from ..drafters.state_probe import StateProbe, fit_state_probe
+from ..drafters.state_probe import StateProbe, fit_state_probe, skip_threshold
 from ..errors import SettingsError
 
 
@@ -31,7 +31,7 @@ def probe_examples(model, target, rollout_set, indices, block_size: int | None =
     ``indices`` of ``rollout_set`` (greedy rollouts only: the labels are exact there)."""
     if rollout_set.temperature > 0:
         raise SettingsError("the state probe is fitted on greedy rollouts (temperature 0): "
-                         f"{rollout_set.folder} was sampled at T = {rollout_set.temperature}")
+                            f"{rollout_set.folder} was sampled at T = {rollout_set.temperature}")
     k = (block_size or model.block_size) - 1
     xs, ys = [], []
     for i in tqdm(list(indices), desc="probe states", unit="rollout", disable=not progress):
@@ -56,8 +56,31 @@ def split_rollouts(n: int, holdout: float, seed: int = 0) -> tuple[list[int], li
     return sorted(idx[cut:]), sorted(idx[:cut])
 
 
+def check_holdout(holdout: float) -> None:
+    """One clear error for a held-out share outside (0, 1)."""
+    if not 0.0 < holdout < 1.0:
+        raise SettingsError(f"--holdout must be between 0 and 1 (exclusive), got {holdout}")
+
+
+def measured_threshold(model, target, prompt_ids: list[int], tokens: int = 12) -> float:
+    """The live skip threshold c(2) + d - 1 on this machine now: c(2) from the target's measured
+    cost model, d the drafter's mean timed forward over a short real run on ``prompt_ids``, in
+    one-token steps of the same model."""
+    from ..costs import cost_curve
+    from ..drafters.dflash import DFlashDrafter
+    from ..engine import DecodeSettings, Session
+
+    cost = cost_curve("auto", target)
+    drafter = DFlashDrafter(target, model=model, cut="off", tree=0)
+    rounds = Session(target, drafter, prompt_ids,
+                     DecodeSettings(max_new_tokens=tokens)).run().rounds
+    drafted = [r.t_draft for r in rounds if r.draft]   # (not a last round with no budget)
+    d = sum(drafted) / max(1, len(drafted)) / max(1e-9, cost.step_time)
+    return skip_threshold(cost.relative(2), d)
+
+
 def probe_report(probe: StateProbe, x: torch.Tensor, y: torch.Tensor,
-                 threshold: float = 0.35) -> dict:
+                 threshold: float) -> dict:
     """How the probe does on states it was not fitted on: Pearson r of predicted vs true
     accepted length, and at a skip threshold the share of states skipped, their mean true
     accepted length and that of the states kept."""
@@ -76,9 +99,9 @@ def fit_gate_probe(model, target, rollout_sets, holdout: float = 0.2,
     """Fit a state probe for the drafter ``model`` on greedy ``rollout_sets`` (prompts it was
     not trained on): examples from a per-prompt split, the ridge penalty chosen from ``alphas``
     by held-out Pearson r, then refitted on every example; the held-out report of the chosen
-    penalty is kept in ``probe.report``."""
-    if not 0.0 < holdout < 1.0:
-        raise SettingsError(f"--holdout must be between 0 and 1 (exclusive), got {holdout}")
+    penalty (skips counted at this machine's :func:`measured_threshold`) is kept in
+    ``probe.report``."""
+    check_holdout(holdout)
     fit_x, fit_y, ho_x, ho_y = [], [], [], []
     for rs in rollout_sets:
         fit, held = split_rollouts(len(rs), holdout, seed)
@@ -89,12 +112,13 @@ def fit_gate_probe(model, target, rollout_sets, holdout: float = 0.2,
                 ys.append(y)
     if not fit_x or not ho_x:
         raise SettingsError("the probe needs rollouts on both sides of the held-out split "
-                         f"(holdout {holdout}): give more rollouts")
+                            f"(holdout {holdout}): give more rollouts")
     layers = [int(i) for i in model.target_layer_ids]
     x, y, hx, hy = torch.cat(fit_x), torch.cat(fit_y), torch.cat(ho_x), torch.cat(ho_y)
-    reports = {}
-    for a in alphas:
-        reports[a] = probe_report(fit_state_probe(x, y, layers, a), hx, hy)
+    tokens, _, p = rollout_sets[0].load(0)
+    threshold = measured_threshold(model, target, tokens[:p].tolist())
+    reports = {a: probe_report(fit_state_probe(x, y, layers, a), hx, hy, threshold)
+               for a in alphas}
     best = max(alphas, key=lambda a: reports[a]["pearson_r"])
     probe = fit_state_probe(torch.cat([x, hx]), torch.cat([y, hy]), layers, best, drafter_sha256)
     probe.report = {"alpha": best, "held_out": reports[best], "fit_states": int(len(y)),

@@ -39,7 +39,6 @@ from .dflash_train import (ShuffledOrder, TrainData, _lr_lambda, append_log, blo
 from .prefill import block_labels
 from .rollouts import RolloutSet
 
-LOG_NAME = "train_log.jsonl"
 BEST_DIR = "best"   # the best held-out checkpoint (early stopping)
 
 
