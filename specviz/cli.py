@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from .cli_data import (add_train_prefill, add_train_prompts, add_train_rollouts,
-                       add_train_store)
+                       add_train_soft_labels, add_train_store)
 from .cli_train import (add_eval, add_train_dflash, add_train_finetune, add_train_gate_probe,
                         add_train_retrace)
 from .errors import SpecvizError
@@ -304,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_rollouts(tsub)
     add_train_prompts(tsub)
     add_train_prefill(tsub)
+    add_train_soft_labels(tsub)
     add_train_store(tsub)
     add_train_dflash(tsub)
     add_train_retrace(tsub)

@@ -1,6 +1,7 @@
-"""Command line, training data: ``python -m specviz train {rollouts,prompts,prefill,store}`` --
-greedy rollouts with tapped target hidden states, Magpie prompts, exact prefill labels and the
-history store (METHODS §1, §3; issue 10's "more exact signal per CPU hour"). Entry point and
+"""Command line, training data: ``python -m specviz train
+{rollouts,prompts,prefill,soft-labels,store}`` --
+greedy rollouts with tapped target hidden states, Magpie prompts, exact prefill labels, the
+target's top-k soft labels and the history store (METHODS §1, §3; issue 10's "more exact signal per CPU hour"). Entry point and
 error rule (one ``error:`` line): :mod:`specviz.cli`.
 """
 from __future__ import annotations
@@ -114,6 +115,27 @@ def cmd_train_prefill(args) -> int:
     return 0
 
 
+def cmd_train_soft_labels(args) -> int:
+    from .models import load_target
+    from .train.rollouts import read_meta
+    from .train.soft_labels import make_soft_labels
+
+    metas = [read_meta(d) for d in args.rollouts]   # not a rollouts folder: fails before loading
+    if not 1 <= args.topk <= 64:
+        raise SpecvizError(f"--topk must be between 1 and 64, got {args.topk}")
+    model = args.model or metas[0].get("model") or "default"
+    target = load_target(model, device=args.device, dtype="float32")
+    for d in args.rollouts:
+        res = make_soft_labels(target, d, k=args.topk, batch_tokens=args.batch_tokens,
+                               model_name=model, show_bar=True)
+        agree = "" if res["argmax_agree"] is None else \
+            f"; target argmax = stored next token at {100 * res['argmax_agree']:.2f} %"
+        print(f"{d}: top-{args.topk} soft labels for {res['shards']} new shards ({res['tokens']} "
+              f"tokens, {res['tokens_per_s']:.0f} tok/s){agree}")
+    print("use: python -m specviz train dflash ... --soft-weight 0.5")
+    return 0
+
+
 def cmd_train_store(args) -> int:
     from .drafters.history_store import store_from_rollouts
     from .train.rollouts import read_meta
@@ -203,6 +225,18 @@ def add_train_prefill(tsub) -> None:
     p.add_argument("--num-features", type=int, default=5)
     p.add_argument("--dtype", default="float16", help="storage dtype of hidden states")
     p.set_defaults(func=cmd_train_prefill)
+
+
+def add_train_soft_labels(tsub) -> None:
+    p = tsub.add_parser("soft-labels", help="the target's top-k next-token probabilities beside "
+                        "rollouts (soft labels for train dflash --soft-weight)")
+    p.add_argument("--rollouts", action="append", required=True,
+                   help="rollouts or prefill folder; repeatable")
+    p.add_argument("--model", default=None, help="target (default: the rollouts' model)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--topk", type=int, default=8)
+    p.add_argument("--batch-tokens", type=int, default=4096, help="tokens per forward")
+    p.set_defaults(func=cmd_train_soft_labels)
 
 
 def add_train_store(tsub) -> None:

@@ -23,7 +23,7 @@ def cmd_train_dflash(args) -> int:
                       eval_every=args.eval_every, eval_rollouts=args.eval_rollouts,
                       save_every=args.save_every, seed=args.seed,
                       save_dtype=args.save_dtype, negatives=args.negatives,
-                      init=args.init).validate()
+                      init=args.init, soft_weight=args.soft_weight).validate()
     meta = read_meta(args.rollouts)  # missing / not a rollouts folder fails before the model loads
     target = load_target(args.model or meta.get("model") or "default", device=args.device,
                          dtype="float32")
@@ -217,6 +217,9 @@ def add_train_dflash(tsub) -> None:
     p.add_argument("--negatives", type=int, default=4096,
                    help="sampled softmax: every reply token + N random other words per step "
                         "(-1 = full vocabulary, slower)")
+    p.add_argument("--soft-weight", type=float, default=0.0,
+                   help="0..1: weight of the target's top-k soft labels in the loss (needs `train "
+                   "soft-labels` on every training folder; 0 = hard labels only)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true")
     p.set_defaults(func=cmd_train_dflash)

@@ -69,6 +69,7 @@ class TrainConfig:
     init: str = "random"           # "random" | "target" (copy the target's top layers) | a
     #                                DFlash checkpoint folder to continue from (same shape)
     negatives: int = 4096          # sampled-softmax negatives per step; -1 = full vocabulary
+    soft_weight: float = 0.0       # weight of the target's top-k soft labels (soft_labels.py)
 
     def validate(self) -> "TrainConfig":
         if not 2 <= int(self.block_size) <= MAX_BLOCK_SIZE:
@@ -82,6 +83,8 @@ class TrainConfig:
         if self.init not in ("random", "target") and not Path(self.init).is_dir():
             raise SettingsError("--init must be 'random', 'target' or a DFlash checkpoint folder "
                                 f"(no folder {self.init})")
+        if not 0.0 <= float(self.soft_weight) <= 1.0:
+            raise SettingsError("--soft-weight must be between 0 (hard labels) and 1")
         if self.save_dtype not in ("float32", "bfloat16", "float16"):
             raise SettingsError("--save-dtype must be float32, bfloat16 or float16")
         return self
@@ -200,6 +203,22 @@ class TrainData:
         s, i = self.index[j]
         return s.greedy(i)
 
+    def soft(self, j: int):
+        """The target's top-k soft labels of sequence ``j`` (:mod:`.soft_labels`), or None."""
+        from .soft_labels import read_soft
+
+        s, i = self.index[j]
+        return read_soft(s, i)
+
+    def check_soft(self) -> None:
+        """Every folder has soft labels (else one clear error naming the command)."""
+        from .soft_labels import META_NAME
+
+        for s in self.sets:
+            if len(s) and not (s.folder / META_NAME).is_file():
+                raise SpecvizError(f"{s.folder} has no soft labels: run `python -m specviz train "
+                                   f"soft-labels --rollouts {s.folder}` (or --soft-weight 0)")
+
 
 def step_vocab(active: torch.Tensor, vocab_size: int, negatives: int,
                gen: torch.Generator) -> torch.Tensor:
@@ -217,7 +236,8 @@ def sequence_loss(model, target, tokens, hidden, prompt_len: int, n_anchors: int
                   weights: torch.Tensor, rng: random.Random,
                   vocab: torch.Tensor | None = None,
                   vocab_weight: torch.Tensor | None = None,
-                  greedy: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  greedy: torch.Tensor | None = None, soft=None, soft_weight: float = 0.0
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of w_k * CE over valid slots, sum of w_k over valid slots) for random anchors.
 
     Labels: a greedy rollout's own next tokens, or -- for a prefill-labelled text (``greedy`` =
@@ -226,8 +246,11 @@ def sequence_loss(model, target, tokens, hidden, prompt_len: int, n_anchors: int
     ``vocab`` (sorted ids containing every label) restricts the softmax to those rows of the
     frozen LM head -- a sampled softmax: ~5x less work in the 49k-word head, which is 90 % of a
     CPU step. None = the full vocabulary. ``vocab_weight`` = ``head.weight[vocab]`` when the
-    caller already gathered it (once per step, shared by the step's sequences)."""
+    caller already gathered it (once per step, shared by the step's sequences).
+    ``soft`` (the sequence's top-k, :mod:`.soft_labels`) with ``soft_weight`` lam > 0: each
+    valid slot's loss is (1 - lam) * CE + lam * soft CE against the target's top-k."""
     from .prefill import block_labels
+    from .soft_labels import slot_soft_targets, soft_ce
 
     T = int(tokens.shape[0])
     lo, hi = max(0, prompt_len - 1), T - 2
@@ -256,6 +279,9 @@ def sequence_loss(model, target, tokens, hidden, prompt_len: int, n_anchors: int
     labels = labels.to(logits.device)
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
                          reduction="none").view_as(valid)
+    if soft is not None and soft_weight > 0:
+        ids, p = slot_soft_targets(soft, anchors, B)
+        ce = (1.0 - soft_weight) * ce + soft_weight * soft_ce(logits, ids, p, vocab)
     w = weights.view(1, -1).expand_as(valid) * valid
     w = w.to(ce.device)
     return (ce * w).sum(), w.sum()
@@ -420,7 +446,9 @@ def _batch_loss(model, target, cfg: TrainConfig, batcher: ShuffledOrder,
         j = batcher.next()
         t, h, p = batcher.data.load(j)
         ls, ws = sequence_loss(model, target, t, h, p, cfg.anchors_per_seq, weights, batcher.rng,
-                               vocab, vocab_weight, greedy=batcher.data.greedy(j))
+                               vocab, vocab_weight, greedy=batcher.data.greedy(j),
+                               soft=batcher.data.soft(j) if cfg.soft_weight > 0 else None,
+                               soft_weight=cfg.soft_weight)
         tot, wsum = tot + ls.to(dev), wsum + ws.to(dev)
     return tot, wsum
 
@@ -439,6 +467,8 @@ def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainCo
     cfg.validate()
     meta = read_meta(rollouts_dir)
     train_set = TrainData(rollouts_dir, prefill)
+    if cfg.soft_weight > 0:
+        train_set.check_soft()
     eval_set = RolloutSet(rollouts_dir, split="eval")
     _check_rollouts(target, meta, rollouts_dir, train_set)
     out = Path(out)
