@@ -200,6 +200,19 @@ def test_training_continues_from_a_checkpoint(tmp_path):
     assert torch.allclose(got.fc.weight, init.fc.weight, atol=1e-6)
     # the continued drafter keeps its earlier draft words and adds the new data's
     assert {1, 5, 63} <= set(got.draft_vocab.tolist()) and got.draft_vocab.numel() > 3
+    # ... and keeps them across --resume, also from a training state saved without them
+    # (before the fix a resumed continued run saved only the new data's words)
+    for drop in (False, True):
+        state = torch.load(tmp_path / "d" / "train_state.pt", weights_only=False)
+        assert {1, 5, 63} <= set(state["draft_vocab"].tolist())
+        if drop:
+            del state["draft_vocab"]
+            torch.save(state, tmp_path / "d" / "train_state.pt")
+        cfg.steps += 1
+        train_dflash(target, tmp_path / "ro", tmp_path / "d", cfg, prefill=[tmp_path / "pf"],
+                     resume=True)
+        again = load_dflash_checkpoint(tmp_path / "d")
+        assert set(again.draft_vocab.tolist()) == set(got.draft_vocab.tolist())
     cfg2 = TrainConfig(block_size=6, num_layers=1, steps=1, batch_size=1, eval_every=0,
                        init=str(tmp_path / "init"))
     with pytest.raises(SpecvizError, match="block size 4"):

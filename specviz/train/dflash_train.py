@@ -349,7 +349,7 @@ def _save(model, opt, sched, step: int, cfg: TrainConfig, out: Path, rng: random
     torch.save({"step": step, "model": {k: v.detach().float().cpu() for k, v in model.state_dict().items()},
                 "config": dict(model.config), "optimizer": opt.state_dict(),
                 "scheduler": sched.state_dict(), "train_config": asdict(cfg),
-                "rng": rng.getstate()}, tmp)
+                "rng": rng.getstate(), "draft_vocab": model.draft_vocab}, tmp)
     tmp.replace(out / STATE_NAME)
 
 
@@ -388,6 +388,13 @@ def _resumed(state_path: Path, cfg: TrainConfig, out: Path, rng: random.Random
         raise SpecvizError(f"{out} was trained with block size {old['block_size']} and "
                            f"{old['num_layers']} layers; resume with the same settings")
     rng.setstate(st["rng"])
+    model.draft_vocab = st.get("draft_vocab")
+    if model.draft_vocab is None and Path(cfg.init).is_dir():
+        # a state saved before it kept the draft vocabulary: a continued drafter's earlier
+        # words come from the checkpoint it continued (else a resume would drop them)
+        from ..drafters.dflash import load_dflash_checkpoint
+
+        model.draft_vocab = load_dflash_checkpoint(cfg.init).draft_vocab
     return model, st, int(st["step"])
 
 
