@@ -1,7 +1,7 @@
 """Command line, training data: ``python -m specviz train
-{rollouts,prompts,prefill,soft-labels,store}`` --
-greedy rollouts with tapped target hidden states, Magpie prompts, exact prefill labels, the
-target's top-k soft labels and the history store (METHODS §1, §3; issue 10's "more exact signal per CPU hour"). Entry point and
+{rollouts,prompts,prefill,soft-labels,store}`` -- greedy rollouts with tapped target hidden
+states, Magpie prompts, exact prefill labels, the target's top-k soft labels and the history
+store (METHODS §1, §3; issue 10's "more exact signal per CPU hour"). Entry point and
 error rule (one ``error:`` line): :mod:`specviz.cli`.
 """
 from __future__ import annotations
