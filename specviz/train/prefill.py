@@ -148,19 +148,25 @@ def block_labels(tokens: torch.Tensor, greedy: torch.Tensor | None, anchors: tor
 
 
 # --------------------------------------------------------------------------- the forward
-@torch.inference_mode()
-def prefill_batch(target, seqs: list[list[int]], layer_ids: list[int],
-                  store_dtype: torch.dtype = torch.float16) -> tuple[list, list]:
-    """One right-padded forward over ``seqs``: per sequence the tapped hidden states [T, k*H]
-    (HF index = layer id + 1) and the greedy next token at every position [T]."""
+def right_padded(seqs: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input ids [b, L], attention mask [b, L]) of ``seqs`` padded on the right with zeros
+    (a causal forward's rows 0..len-1 of each sequence are then exactly its own)."""
     b, L = len(seqs), max(len(s) for s in seqs)
     ids = torch.zeros((b, L), dtype=torch.long)
     mask = torch.zeros((b, L), dtype=torch.long)
     for i, s in enumerate(seqs):
         ids[i, :len(s)] = torch.tensor(s)
         mask[i, :len(s)] = 1
-    dev = target.device
-    out = target.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), use_cache=False,
+    return ids.to(device), mask.to(device)
+
+
+@torch.inference_mode()
+def prefill_batch(target, seqs: list[list[int]], layer_ids: list[int],
+                  store_dtype: torch.dtype = torch.float16) -> tuple[list, list]:
+    """One right-padded forward over ``seqs``: per sequence the tapped hidden states [T, k*H]
+    (HF index = layer id + 1) and the greedy next token at every position [T]."""
+    ids, mask = right_padded(seqs, target.device)
+    out = target.model(input_ids=ids, attention_mask=mask, use_cache=False,
                        output_hidden_states=True)
     feats = torch.cat([out.hidden_states[i + 1] for i in layer_ids], -1).to("cpu", store_dtype)
     greedy = out.logits.argmax(-1).to("cpu", torch.int32)

@@ -45,15 +45,11 @@ def sidecar_name(shard: str) -> str:
 def topk_rows(target, seqs: list[list[int]], k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """One right-padded forward over ``seqs``: per sequence the target's top-``k`` next-token
     (ids int32 [T, k], probs float16 [T, k]) at every position."""
-    b, L = len(seqs), max(len(s) for s in seqs)
-    ids = torch.zeros((b, L), dtype=torch.long)
-    mask = torch.zeros((b, L), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, :len(s)] = torch.tensor(s)
-        mask[i, :len(s)] = 1
-    dev = target.device
+    from .prefill import right_padded
+
+    ids, mask = right_padded(seqs, target.device)
     base = target.model.get_decoder() if hasattr(target.model, "get_decoder") else target.model.model
-    h = base(input_ids=ids.to(dev), attention_mask=mask.to(dev), use_cache=False).last_hidden_state
+    h = base(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
     head = target.model.get_output_embeddings()
     out = []
     for i, s in enumerate(seqs):
