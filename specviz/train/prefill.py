@@ -148,6 +148,18 @@ def block_labels(tokens: torch.Tensor, greedy: torch.Tensor | None, anchors: tor
 
 
 # --------------------------------------------------------------------------- the forward
+def token_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Indices of ``lengths`` sorted by length, cut into batches of about ``batch_tokens``
+    padded tokens (similar lengths together: little padding)."""
+    order = sorted(range(len(lengths)), key=lambda j: lengths[j])
+    out, s = [], 0
+    while s < len(order):
+        n = max(1, batch_tokens // lengths[order[min(len(order) - 1, s + 1)]])
+        out.append(order[s:s + n])
+        s += n
+    return out
+
+
 def right_padded(seqs: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
     """(input ids [b, L], attention mask [b, L]) of ``seqs`` padded on the right with zeros
     (a causal forward's rows 0..len-1 of each sequence are then exactly its own)."""
@@ -218,7 +230,6 @@ def make_prefill_set(target, pairs: list[TextPair | TokenText], out: str | Path,
         if plen + 2 > max_tokens:
             continue
         todo.append((pr, ids[:max_tokens], plen))
-    todo.sort(key=lambda x: len(x[1]))
     shard_no = 1 + max([int(p.stem.split("-")[1]) for p in out.glob("shard-*.safetensors")
                         if p.stem.split("-")[1].isdigit()], default=-1)
     bar = None
@@ -228,9 +239,9 @@ def make_prefill_set(target, pairs: list[TextPair | TokenText], out: str | Path,
         bar = tqdm(total=len(todo), desc="prefill", unit="text")
     t0, ntok, nexact, s = time.perf_counter(), 0, 0, 0
     sdt = STORE_DTYPES[store_dtype]
-    while s < len(todo):
-        n = max(1, batch_tokens // len(todo[min(len(todo) - 1, s + 1)][1]))
-        batch, s = todo[s:s + n], s + n
+    for part in token_batches([len(x[1]) for x in todo], batch_tokens):
+        batch = [todo[j] for j in part]
+        s += len(batch)
         hid, greedy = prefill_batch(target, [b[1] for b in batch], layer_ids, sdt)
         shard = f"shard-{shard_no:05d}.safetensors"
         shard_no += 1

@@ -299,6 +299,17 @@ class RolloutSet:
                                f"length {r['prompt_len']})")
         return toks, hid, int(r["prompt_len"])
 
+    def tokens(self, i: int) -> torch.Tensor:
+        """Token ids int64 [T] of rollout ``i`` alone (its features are not read)."""
+        r = self.rows[i]
+        try:
+            return self._shard(i).get_tensor(r["name"] + ".tokens").long()
+        except SpecvizError:
+            raise
+        except Exception as exc:
+            raise SpecvizError(f"rollout {r.get('key')} cannot be read from "
+                               f"{self.folder / r['shard']} ({exc})") from exc
+
     @property
     def temperature(self) -> float:
         """The sampling temperature the replies were generated at (0 = greedy)."""

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import SettingsError, SpecvizError
+from .prefill import right_padded, token_batches
 from .rollouts import RolloutSet
 
 META_NAME = "soft.json"
@@ -45,8 +46,6 @@ def sidecar_name(shard: str) -> str:
 def topk_rows(target, seqs: list[list[int]], k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """One right-padded forward over ``seqs``: per sequence the target's top-``k`` next-token
     (ids int32 [T, k], probs float16 [T, k]) at every position."""
-    from .prefill import right_padded
-
     ids, mask = right_padded(seqs, target.device)
     base = target.model.get_decoder() if hasattr(target.model, "get_decoder") else target.model.model
     h = base(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
@@ -103,13 +102,9 @@ def make_soft_labels(target, folder: str | Path, k: int = 8, batch_tokens: int =
     t0, ntok, agree, judged = time.perf_counter(), 0, 0, 0
     for n, shard in enumerate(todo):
         rows = by_shard[shard]
-        seqs = [rs.load(i)[0].tolist() for i in rows]
+        seqs = [rs.tokens(i).tolist() for i in rows]
         tensors = {}
-        order = sorted(range(len(rows)), key=lambda j: len(seqs[j]))
-        s = 0
-        while s < len(order):
-            m = max(1, batch_tokens // len(seqs[order[min(len(order) - 1, s + 1)]]))
-            part, s = order[s:s + m], s + m
+        for part in token_batches([len(q) for q in seqs], batch_tokens):
             for j, (ids, p) in zip(part, topk_rows(target, [seqs[j] for j in part], k)):
                 name = rs.rows[rows[j]]["name"]
                 tensors[f"{name}.topk_ids"], tensors[f"{name}.topk_p"] = ids, p
@@ -149,7 +144,7 @@ def read_soft(rs: RolloutSet, i: int) -> tuple[torch.Tensor, torch.Tensor] | Non
     except Exception as exc:
         raise SpecvizError(f"soft labels {path} cannot be read ({exc}): delete the file and "
                            "rerun `python -m specviz train soft-labels`") from exc
-    n = int(rs._shard(i).get_slice(r["name"] + ".tokens").get_shape()[0])
+    n = int(rs.tokens(i).shape[0])
     if ids.shape[0] != n or ids.shape != p.shape:
         raise SpecvizError(f"soft labels of {r.get('key')} in {path} do not match the rollout "
                            f"({ids.shape[0]} rows for {n} tokens)")
