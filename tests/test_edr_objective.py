@@ -134,7 +134,7 @@ def test_finetune_objectives_run_from_the_same_weights(tmp_path, tiny_target):
 
     from specviz.bench import PromptItem
     from specviz.drafters.dflash import load_dflash_checkpoint, new_dflash_for_target
-    from specviz.train.dflash_train import sequence_context
+    from specviz.train.block_forward import sequence_context
     from specviz.train.edr_train import (EDRTrainConfig, edr_loss, finetune, state_acceptance)
     from specviz.train.rollouts import RolloutSet, make_rollouts
 

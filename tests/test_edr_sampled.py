@@ -114,7 +114,7 @@ def test_offline_compare_and_real_runs_on_sampled_rollouts(sampled, tiny_target)
 def test_finetune_on_sampled_rollouts_uses_sampled_acceptance(sampled, tiny_target, tmp_path):
     import copy
 
-    from specviz.train.dflash_train import sequence_context
+    from specviz.train.block_forward import sequence_context
     from specviz.train.edr_train import (EDRTrainConfig, edr_loss, finetune, state_acceptance,
                                          state_logprobs)
 

@@ -78,7 +78,8 @@ def test_reference_reply_formats():
 
 
 def test_prefill_store_and_training(tmp_path):
-    from specviz.train.dflash_train import TrainConfig, TrainData, reply_vocab, train_dflash
+    from specviz.train.dflash_train import TrainConfig, train_dflash
+    from specviz.train.train_data import TrainData, reply_vocab
     from specviz.train.rollouts import make_rollouts
     from specviz.bench import PromptItem
 

@@ -12,10 +12,11 @@ from specviz.cli import main
 from specviz.drafters import make_drafter
 from specviz.drafters.dflash import load_dflash_checkpoint, new_dflash_for_target
 from specviz.engine import DecodeSettings, Session, generate
-from specviz.train.dflash_train import (TrainConfig, forward_blocks, anchor_logits,
-                                        block_embeddings, sequence_context, sequence_loss,
-                                        simulated_tau, simulated_tau_one, slot_weights,
-                                        step_vocab, train_dflash)
+from specviz.train.block_forward import (anchor_logits, block_embeddings, forward_blocks,
+                                         sequence_context)
+from specviz.train.dflash_train import (TrainConfig, sequence_loss, slot_weights, step_vocab,
+                                        train_dflash)
+from specviz.train.simulated_tau import simulated_tau, simulated_tau_one
 from specviz.train.rollouts import (RolloutSet, generate_batch, make_rollouts, read_manifest,
                                     split_of)
 

@@ -77,7 +77,7 @@ def dflash_state_drafts(model, target, tokens: torch.Tensor, hidden: torch.Tenso
     """DFlash's greedy draft at every state n of a rollout in batched forwards: the block of
     state n is anchored at prompt_len-1+n and sees the context < that anchor (as the live
     drafter with ``cut="off"`` does); drafts are clipped to the budget L-n-1."""
-    from ..train.dflash_train import block_embeddings, forward_blocks, sequence_context
+    from ..train.block_forward import block_embeddings, forward_blocks, sequence_context
 
     T, P = int(tokens.shape[0]), int(prompt_len)
     L = T - P
@@ -125,7 +125,7 @@ def sampled_state_acceptance(model, target, tokens: torch.Tensor, hidden: torch.
                              block_size: int | None = None) -> torch.Tensor:
     """Sampled acceptance a [L, k] of a DFlash / DSpark drafter drafting at ``temperature`` on
     a sampled rollout (its per-token target probabilities ``p_reply``), all states batched."""
-    from ..train.dflash_train import sequence_context
+    from ..train.block_forward import sequence_context
     from ..train.edr_train import all_state_acceptance
 
     a = all_state_acceptance(model, target, tokens, sequence_context(model, hidden,

@@ -19,19 +19,15 @@ Output folder: ``config.json`` + ``model.safetensors`` in the published layout
 (:func:`~specviz.drafters.dflash.save_dflash_checkpoint`) and ``train_state.pt`` (float32 weights,
 optimizer, scheduler, step, RNG) for ``--resume``; ``train_log.jsonl`` records loss and eval tau.
 
-Eval (:func:`simulated_tau`): along a fixed rollout, start at the reply's first position n = P,
-draft a block from context < n-1 with anchor token n-1, accept the longest prefix equal to the
-rollout, jump to n + accepted + 1. For rollouts that are the target's greedy replies this equals
-the tau of real greedy speculative decoding with this drafter (same budget clipping as Session).
+Eval: the exact simulated tau on the eval split (:mod:`.simulated_tau`). The batched block
+forward lives in :mod:`.block_forward`, the schedule/order/log plumbing in :mod:`.loop`.
 """
 from __future__ import annotations
 
 import copy
-import json
-import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -39,12 +35,14 @@ import torch
 import torch.nn.functional as F
 
 from ..drafters.dflash import MAX_BLOCK_SIZE, DFlashDraftModel, new_dflash_for_target
-from ..drafters.dflash_model import _rope
 from ..errors import SettingsError, SpecvizError
+from .block_forward import anchor_hidden
+from .loop import ShuffledOrder, append_log, lr_lambda
 from .rollouts import RolloutSet, read_meta
+from .simulated_tau import simulated_tau
+from .train_data import TrainData, reply_vocab
 
 STATE_NAME = "train_state.pt"
-LOG_NAME = "train_log.jsonl"
 
 
 @dataclass
@@ -95,129 +93,6 @@ def slot_weights(block_size: int, gamma: float) -> torch.Tensor:
     """w_k = exp(-(k-1)/gamma) for slots k = 1..B-1 (normalised over valid slots in the loss)."""
     k = torch.arange(1, block_size, dtype=torch.float32)
     return torch.exp(-(k - 1) / float(gamma))
-
-
-def block_embeddings(model: DFlashDraftModel, target, anchor_tokens: torch.Tensor,
-                     block_size: int) -> torch.Tensor:
-    """[K, B, H]: the target's (frozen) embedding of each anchor token, then B-1 mask slots."""
-    emb = target.model.get_input_embeddings()
-    K = anchor_tokens.shape[0]
-    dt = next(model.parameters()).dtype
-    x0 = emb(anchor_tokens.view(K, 1).to(emb.weight.device)).to(dt)
-    if model.learned_mask:
-        m = model.mask_embedding.view(1, 1, -1).expand(K, block_size - 1, -1)
-    else:
-        m = emb.weight[model.mask_token_id].to(dt).view(1, 1, -1).expand(K, block_size - 1, -1)
-    return torch.cat([x0, m.to(x0.device)], 1)
-
-
-def forward_blocks(model: DFlashDraftModel, x: torch.Tensor, anchors: torch.Tensor,
-                   ctx_kv: list[tuple]) -> torch.Tensor:
-    """Final hidden states [K, B, H] of K blocks ``x`` [K, B, H]; block j sits at positions
-    anchors[j] .. anchors[j]+B-1 and attends to the context rows < anchors[j] of the shared
-    per-layer ``ctx_kv`` ([1, kv, n, D] each) and bidirectionally to itself.
-    Equals ``model.forward_block(x[j:j+1], [kv[:, :, :a] ...], a)`` for each j."""
-    K, B, _ = x.shape
-    pos = anchors.view(K, 1) + torch.arange(B).view(1, B)
-    cos, sin = model.rope(pos.reshape(-1), x)
-    cos, sin = cos.view(K, B, -1), sin.view(K, B, -1)
-    n = ctx_kv[0][0].shape[2]
-    ctx_ok = torch.arange(n).view(1, n) < anchors.view(K, 1)            # [K, n]
-    mask = torch.cat([ctx_ok, torch.ones(K, B, dtype=torch.bool)], 1)   # [K, n+B]
-    mask = mask.view(K, 1, 1, n + B).to(x.device)
-    for layer, (ck, cv) in zip(model.layers, ctx_kv):
-        attn = layer.self_attn
-        h = layer.input_layernorm(x)
-        q = attn.q_norm(attn.q_proj(h).view(K, B, attn.n_heads, attn.head_dim)).transpose(1, 2)
-        q = _rope(q, cos, sin)
-        k, v = attn.kv(h, cos, sin)
-        k = torch.cat([ck.expand(K, -1, -1, -1), k], 2)
-        v = torch.cat([cv.expand(K, -1, -1, -1), v], 2)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.head_dim ** -0.5,
-                                           enable_gqa=attn.n_heads != attn.n_kv)
-        x = x + attn.o_proj(o.transpose(1, 2).reshape(K, B, -1))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return model.norm(x)
-
-
-def sequence_context(model: DFlashDraftModel, hidden: torch.Tensor, upto: int) -> list[tuple]:
-    """Per-layer context K/V of the stored features of positions 0..upto-1."""
-    dt = next(model.parameters()).dtype
-    dev = next(model.parameters()).device
-    feats = hidden[:max(1, upto)].to(device=dev, dtype=dt).unsqueeze(0)
-    return model.context_kv(feats, torch.arange(feats.shape[1]))
-
-
-def anchor_hidden(model, target, tokens: torch.Tensor, hidden: torch.Tensor,
-                  anchors: torch.Tensor, ctx_kv=None) -> torch.Tensor:
-    """Final drafter states [K, B-1, H] of the mask slots of blocks anchored at ``anchors``."""
-    B = model.block_size
-    if ctx_kv is None:
-        ctx_kv = sequence_context(model, hidden, int(anchors.max()))
-    x = block_embeddings(model, target, tokens[anchors], B)
-    return forward_blocks(model, x, anchors, ctx_kv)[:, 1:]
-
-
-def anchor_logits(model, target, tokens: torch.Tensor, hidden: torch.Tensor,
-                  anchors: torch.Tensor, ctx_kv=None) -> torch.Tensor:
-    """Slot logits [K, B-1, V] (the target's frozen LM head; -inf outside the drafter's draft
-    vocabulary when it has one, exactly as at inference) of blocks at ``anchors``."""
-    h = anchor_hidden(model, target, tokens, hidden, anchors, ctx_kv)
-    return model.slot_logits(h, target.model.get_output_embeddings())
-
-
-def reply_vocab(rollouts) -> torch.Tensor:
-    """Sorted ids of every possible CE label of ``rollouts``: the reply tokens of a greedy
-    rollout, the greedy next tokens of a prefill-labelled text's reply positions."""
-    seen = set()
-    for i in range(len(rollouts)):
-        t, _, p = rollouts.load(i)
-        g = rollouts.greedy(i)
-        seen.update((t[p:] if g is None else g[max(0, p - 1):]).tolist())
-    return torch.tensor(sorted(seen), dtype=torch.long)
-
-
-class TrainData:
-    """The train split of a rollouts folder plus any prefill-labelled folders, as one list."""
-
-    def __init__(self, rollouts_dir, extra: list | tuple = ()):
-        self.sets = [RolloutSet(rollouts_dir, split="train")]
-        meta = self.sets[0].meta
-        for d in extra:
-            rs = RolloutSet(d)
-            for k in ("target_layer_ids", "hidden_size", "num_target_layers"):
-                if rs.meta.get(k) != meta.get(k):
-                    raise SpecvizError(f"{d} was made with {k}={rs.meta.get(k)}, the rollouts "
-                                       f"with {meta.get(k)}: use data from the same target/layers")
-            self.sets.append(rs)
-        self.index = [(s, i) for s in self.sets for i in range(len(s))]
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    def load(self, j: int):
-        s, i = self.index[j]
-        return s.load(i)
-
-    def greedy(self, j: int):
-        s, i = self.index[j]
-        return s.greedy(i)
-
-    def soft(self, j: int):
-        """The target's top-k soft labels of sequence ``j`` (:mod:`.soft_labels`), or None."""
-        from .soft_labels import read_soft
-
-        s, i = self.index[j]
-        return read_soft(s, i)
-
-    def check_soft(self) -> None:
-        """Every folder has soft labels (else one clear error naming the command)."""
-        from .soft_labels import META_NAME
-
-        for s in self.sets:
-            if len(s) and not (s.folder / META_NAME).is_file():
-                raise SpecvizError(f"{s.folder} has no soft labels: run `python -m specviz train "
-                                   f"soft-labels --rollouts {s.folder}` (or --soft-weight 0)")
 
 
 def step_vocab(active: torch.Tensor, vocab_size: int, negatives: int,
@@ -287,53 +162,7 @@ def sequence_loss(model, target, tokens, hidden, prompt_len: int, n_anchors: int
     return (ce * w).sum(), w.sum()
 
 
-# --------------------------------------------------------------------------- eval
-@torch.no_grad()
-def simulated_tau_one(model, target, tokens: torch.Tensor, hidden: torch.Tensor,
-                      prompt_len: int, block_size: int | None = None) -> tuple[int, int]:
-    """(new tokens, rounds) of greedy speculative decoding replayed along one fixed rollout
-    (:func:`specviz.analysis.replay.replay`: exact for greedy, no target forward)."""
-    from ..analysis.replay import Rollout, replay
-    from ..drafters.dflash import DFlashDrafter
-
-    drafter = DFlashDrafter(target, model=model, block_size=block_size or None, cut="off",
-                            tree=0)   # the chain's tau: what training improves
-    rollout = Rollout(tokens.tolist(), int(prompt_len), hidden,
-                      [i + 1 for i in model.target_layer_ids])
-    trace = replay(drafter, rollout, target, eos_token_ids=set(), token_texts=False)
-    return trace.new_tokens, trace.num_rounds
-
-
-def simulated_tau(model, target, rollouts: RolloutSet, limit: int | None = None,
-                  block_size: int | None = None) -> dict:
-    """Mean tokens per round over (up to ``limit``) rollouts of ``rollouts``."""
-    was = model.training
-    model.eval()
-    toks = rnds = 0
-    per = []
-    n = len(rollouts) if limit is None else min(limit, len(rollouts))
-    for i in range(n):
-        t, h, p = rollouts.load(i)
-        a, r = simulated_tau_one(model, target, t, h, p, block_size)
-        toks, rnds = toks + a, rnds + r
-        per.append(a / r if r else 0.0)
-    model.train(was)
-    return {"tau": toks / rnds if rnds else 0.0, "rollouts": n, "tokens": toks, "rounds": rnds,
-            "tau_mean_per_rollout": sum(per) / len(per) if per else 0.0}
-
-
 # --------------------------------------------------------------------------- the loop
-def _lr_lambda(cfg: TrainConfig):
-    warm = max(1, int(round(cfg.warmup * cfg.steps))) if cfg.warmup > 0 else 0
-
-    def f(step: int) -> float:
-        if warm and step < warm:
-            return (step + 1) / warm
-        t = (step - warm) / max(1, cfg.steps - warm)
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
-    return f
-
-
 def _save(model, opt, sched, step: int, cfg: TrainConfig, out: Path, rng: random.Random,
           meta: dict) -> None:
     from ..drafters.dflash import save_dflash_checkpoint
@@ -425,21 +254,6 @@ def _draft_vocabulary(model: DFlashDraftModel, train_set: "TrainData", cfg: Trai
     return active
 
 
-@dataclass
-class ShuffledOrder:
-    """Training sequences in a fresh shuffled order each epoch (``rng``: the run's, saved)."""
-
-    data: "TrainData"
-    rng: random.Random
-    order: list[int] = field(default_factory=list)
-
-    def next(self) -> int:
-        if not self.order:
-            self.order = list(range(len(self.data)))
-            self.rng.shuffle(self.order)
-        return self.order.pop()
-
-
 def _batch_loss(model, target, cfg: TrainConfig, batcher: ShuffledOrder,
                 weights: torch.Tensor, vocab: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -460,10 +274,49 @@ def _batch_loss(model, target, cfg: TrainConfig, batcher: ShuffledOrder,
     return tot, wsum
 
 
-def append_log(out: Path, rec: dict) -> None:
-    """One JSON line in ``out``'s training log (``train_log.jsonl``, read by the app and tests)."""
-    with open(out / LOG_NAME, "a") as fh:
-        fh.write(json.dumps(rec) + "\n")
+def _step(model, target, cfg: TrainConfig, batcher: ShuffledOrder, weights: torch.Tensor,
+          vocab: torch.Tensor | None, params, opt, sched) -> tuple[float, float] | None:
+    """One optimizer step; (loss, grad norm before clipping), or None when no slot was valid."""
+    opt.zero_grad(set_to_none=True)
+    tot, wsum = _batch_loss(model, target, cfg, batcher, weights, vocab)
+    if float(wsum) <= 0:
+        return None
+    loss = tot / wsum
+    loss.backward()
+    gn = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+    opt.step()
+    sched.step()
+    return float(loss.detach()), float(gn)
+
+
+def _model_and_state(target, cfg: TrainConfig, meta: dict, out: Path, resume: bool,
+                     rng: random.Random) -> tuple[DFlashDraftModel, dict | None, int]:
+    """(model, saved state or None, first step): resumed, or fresh (refusing to overwrite)."""
+    state_path = out / STATE_NAME
+    if resume and state_path.is_file():
+        return _resumed(state_path, cfg, out, rng)
+    if resume is False and state_path.is_file():
+        raise SpecvizError(f"{out} already holds a training run: pass --resume or another --out")
+    return _fresh(target, cfg, meta), None, 0
+
+
+def _optimizer(model, cfg: TrainConfig, st: dict | None):
+    """(trainable params, AdamW, LambdaLR), restored from a resumed state ``st``."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
+    if st is not None:
+        opt.load_state_dict(st["optimizer"])
+        sched.load_state_dict(st["scheduler"])
+    return params, opt, sched
+
+
+def _eval_record(model, target, eval_set: RolloutSet, cfg: TrainConfig, step: int):
+    """(simulated-tau result, log record) on the eval split, or (None, None) when it is empty."""
+    if not len(eval_set):
+        return None, None
+    res = simulated_tau(model, target, eval_set, limit=cfg.eval_rollouts)
+    return res, {"step": step, "eval_tau": round(res["tau"], 4), "eval_rollouts": res["rollouts"]}
 
 
 def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainConfig,
@@ -479,77 +332,48 @@ def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainCo
     eval_set = RolloutSet(rollouts_dir, split="eval")
     _check_rollouts(target, meta, rollouts_dir, train_set)
     out = Path(out)
-    state_path = out / STATE_NAME
     rng = random.Random(cfg.seed)
-    st, start = None, 0
-    if resume and state_path.is_file():
-        model, st, start = _resumed(state_path, cfg, out, rng)
-    else:
-        if resume is False and state_path.is_file():
-            raise SpecvizError(f"{out} already holds a training run: pass --resume or another --out")
-        model = _fresh(target, cfg, meta)
+    model, st, start = _model_and_state(target, cfg, meta, out, resume, rng)
     model = model.to(device=target.device, dtype=torch.float32).train().requires_grad_(True)
     head = target.model.get_output_embeddings()
     if head.weight.dtype != torch.float32 and str(target.device) == "cpu":
         raise SpecvizError("train the drafter with a float32 target on CPU")
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
-    if st is not None:
-        opt.load_state_dict(st["optimizer"])
-        sched.load_state_dict(st["scheduler"])
+    params, opt, sched = _optimizer(model, cfg, st)
     weights = slot_weights(cfg.block_size, cfg.gamma)
     active = _draft_vocabulary(model, train_set, cfg)
     vgen = torch.Generator().manual_seed(cfg.seed + start)
-    vocab_size = int(head.weight.shape[0])
     save_every = cfg.save_every or cfg.eval_every or cfg.steps
     out.mkdir(parents=True, exist_ok=True)
-    bar = None
-    if show_bar:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=cfg.steps, initial=start, desc="dflash", unit="step")
-    history, last_eval = [], None
+    bar = _progress(show_bar, cfg.steps, start)
+    history, last_eval, ema = [], None, None
     batcher = ShuffledOrder(train_set, rng)
     t0 = time.perf_counter()
-    ema = None
 
-    def do_eval(step):
-        nonlocal last_eval
-        if len(eval_set):
-            last_eval = simulated_tau(model, target, eval_set, limit=cfg.eval_rollouts)
-            rec = {"step": step, "eval_tau": round(last_eval["tau"], 4),
-                   "eval_rollouts": last_eval["rollouts"]}
+    def emit(rec, to_file=True):
+        if to_file:
             append_log(out, rec)
-            if log:
-                log(rec)
+        if log:
+            log(rec)
 
     for step in range(start, cfg.steps):
-        opt.zero_grad(set_to_none=True)
-        vocab = None if active is None else step_vocab(active, vocab_size, cfg.negatives, vgen)
-        tot, wsum = _batch_loss(model, target, cfg, batcher, weights, vocab)
-        if float(wsum) <= 0:
+        vocab = None if active is None else step_vocab(active, int(head.weight.shape[0]),
+                                                       cfg.negatives, vgen)
+        done_step = _step(model, target, cfg, batcher, weights, vocab, params, opt, sched)
+        if done_step is None:
             continue
-        loss = tot / wsum
-        loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        sched.step()
-        lv = float(loss.detach())
+        lv, gn = done_step
         ema = lv if ema is None else 0.9 * ema + 0.1 * lv
         history.append(lv)
-        rec = {"step": step + 1, "loss": round(lv, 5), "lr": sched.get_last_lr()[0],
-               "grad_norm": round(float(gn), 4)}
         if bar is not None:
             bar.update(1)
             bar.set_postfix_str(f"loss {ema:.3f}"
                                 + (f" tau {last_eval['tau']:.2f}" if last_eval else ""))
-        if (step + 1) % 10 == 0 or step + 1 == cfg.steps:
-            append_log(out, rec)
-        if log:
-            log(rec)
+        emit({"step": step + 1, "loss": round(lv, 5), "lr": sched.get_last_lr()[0],
+              "grad_norm": round(gn, 4)}, (step + 1) % 10 == 0 or step + 1 == cfg.steps)
         if cfg.eval_every and (step + 1) % cfg.eval_every == 0:
-            do_eval(step + 1)
+            last_eval, rec = _eval_record(model, target, eval_set, cfg, step + 1)
+            if rec:
+                emit(rec)
         if (step + 1) % save_every == 0 or step + 1 == cfg.steps:
             _save(model, opt, sched, step + 1, cfg, out, rng, meta)
     if bar is not None:
@@ -557,7 +381,10 @@ def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainCo
     el = time.perf_counter() - t0
     done = cfg.steps - start
     if last_eval is None or (cfg.eval_every and cfg.steps % cfg.eval_every):
-        do_eval(cfg.steps)
+        res, rec = _eval_record(model, target, eval_set, cfg, cfg.steps)
+        if rec:
+            last_eval = res
+            emit(rec)
     if done <= 0:
         _save(model, opt, sched, cfg.steps, cfg, out, rng, meta)
     return {"out": str(out), "steps": cfg.steps, "steps_run": done, "seconds": el,
@@ -566,3 +393,12 @@ def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainCo
             "loss_last": history[-1] if history else None, "losses": history,
             "eval": last_eval, "train_rollouts": len(train_set), "eval_rollouts": len(eval_set),
             "active_vocab": None if active is None else int(active.numel())}
+
+
+def _progress(show: bool, total: int, initial: int):
+    """A tqdm bar over the run's steps (None when not shown)."""
+    if not show:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc="dflash", unit="step")

@@ -37,8 +37,9 @@ import torch
 
 from ..analysis.edr import evaluate, greedy_acceptance, occupancy, values
 from ..errors import SettingsError, SpecvizError
-from .dflash_train import (_lr_lambda, _save, append_log, block_embeddings, forward_blocks,
-                           sequence_context, slot_weights)
+from .block_forward import block_embeddings, forward_blocks, sequence_context
+from .dflash_train import _save, slot_weights
+from .loop import append_log, lr_lambda
 from .objectives import acceptance_from_probs, check_objective, round_terms, survival_surrogate
 from .rollouts import RolloutSet
 
@@ -213,7 +214,7 @@ def finetune(target, model, rollouts_dir, eval_dir, out, cfg: EDRTrainConfig,
     groups = [{"params": rest}] + ([{"params": head, "lr": cfg.lr * cfg.head_lr_scale}]
                                    if head else [])
     opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
     rng, gen = random.Random(cfg.seed), torch.Generator().manual_seed(cfg.seed)
     weights = slot_weights(model.block_size, cfg.gamma)
     cfg.block_size, cfg.num_layers = int(model.block_size), len(model.layers)

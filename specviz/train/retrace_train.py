@@ -34,8 +34,10 @@ import torch
 from ..drafters.retrace import (INCLUDED, INCLUDED_BACKBONE, ReTraceFusion, build_memory, fuse,
                                 fusion_config, save_retrace)
 from ..errors import SettingsError, SpecvizError
-from .dflash_train import (ShuffledOrder, TrainData, _lr_lambda, append_log, block_embeddings,
-                           forward_blocks, sequence_context, slot_weights)
+from .block_forward import block_embeddings, forward_blocks, sequence_context
+from .dflash_train import slot_weights
+from .train_data import TrainData
+from .loop import ShuffledOrder, append_log, lr_lambda
 from .prefill import block_labels
 from .rollouts import RolloutSet
 
@@ -247,7 +249,7 @@ def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_d
     if joint:
         groups.append({"params": list(model.parameters()), "lr": cfg.backbone_lr})
     opt = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
     trained = [p for g in groups for p in g["params"]]
     start = 0
     # the best held-out checkpoint (round r+1 accepted with the fusion) is kept in out/best:
