@@ -199,8 +199,10 @@ def test_training_runs_resumes_and_loads(tmp_path, tiny_target):
     # early stopping: the best held-out eval's checkpoint is kept in rt/best and loads
     evals = [json.loads(x) for x in (tmp_path / "rt" / "train_log.jsonl").read_text().splitlines()
              if "accepted_fused" in x]
-    top = max(evals, key=lambda e: e["accepted_fused"])
-    assert [e["step"] for e in evals] == [3, 6] and res["best"]["step"] == top["step"]
+    top = max(evals, key=lambda e: e["accepted_fused"])   # the first of equal ones
+    # step 0: the untrained fusion (= the backbone) is early stopping's first candidate
+    assert [e["step"] for e in evals] == [0, 3, 6] and res["best"]["step"] == top["step"]
+    assert evals[0]["accepted_fused"] == evals[0]["accepted_backbone"]
     kept = json.loads((tmp_path / "rt" / "best" / "config.json").read_text())
     assert kept["specviz_training"]["step"] == top["step"]
     make_drafter("retrace", tiny_target, checkpoint=str(tmp_path / "rt" / "best"), cut="off")

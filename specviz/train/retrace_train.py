@@ -227,6 +227,17 @@ def _batch_loss(model, target, fusion: ReTraceFusion, batcher: ShuffledOrder,
     return tot, wsum
 
 
+def _untrained_candidate(model, target, fusion, evd, cfg: ReTraceTrainConfig, conf: dict,
+                         out: Path) -> dict:
+    """Step 0 of early stopping: the untrained fusion (zero projections: exactly the backbone),
+    evaluated and kept in out/best, so a run whose training never beats the backbone on the
+    held-out rounds keeps a fusion that changes nothing rather than one that loses."""
+    ev0 = evaluate(model, target, fusion, evd, cfg.eval_sequences)
+    append_log(out, {"step": 0, **{k: round(v, 4) for k, v in ev0.items()}})
+    save_checkpoint(fusion, model, conf, out / BEST_DIR, cfg, 0)
+    return {"step": 0, "accepted_fused": ev0["accepted_fused"]}
+
+
 def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_dir, out,
                   cfg: ReTraceTrainConfig, resume: bool = False, show_bar: bool = False) -> dict:
     """Train (or resume) a ReTrace fusion on ``backbone_model`` (frozen, or fine-tuned jointly
@@ -260,6 +271,9 @@ def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_d
     elif state_path.is_file():
         raise SpecvizError(f"{out} already holds a training run: pass --resume or another --out")
     out.mkdir(parents=True, exist_ok=True)
+    conf = fusion_config(fusion, model, INCLUDED if joint else backbone)
+    if start == 0 and evd is not None and cfg.eval_every:
+        best = _untrained_candidate(model, target, fusion, evd, cfg, conf, out)
     weights = slot_weights(model.block_size, cfg.gamma)
     bar = None
     if show_bar:
@@ -268,7 +282,6 @@ def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_d
         bar = tqdm(total=cfg.steps, initial=start, desc="retrace", unit="step")
     batcher = ShuffledOrder(data, rng)
     hist, last_eval, t0 = [], None, time.perf_counter()
-    conf = fusion_config(fusion, model, INCLUDED if joint else backbone)
 
     for step in range(start, cfg.steps):
         tot, wsum = _batch_loss(model, target, fusion, batcher, cfg, weights, joint)
@@ -304,4 +317,4 @@ def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_d
     el = time.perf_counter() - t0
     return {"out": str(out), "steps_run": cfg.steps - start, "seconds": el, "losses": hist,
             "eval": last_eval, "train_sequences": len(data),
-            "best": best if best["step"] else None}
+            "best": best if best["accepted_fused"] > float("-inf") else None}
