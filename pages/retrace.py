@@ -171,6 +171,11 @@ if trace is not None:
                    "slot's draft token was then accepted.")
         st.plotly_chart(vr.fig_gates(trace), width="stretch", config=ui.PLOTLY_CONFIG,
                         key="rt_gates")
+        if vr.fusion_inert(trace):
+            st.info("This fusion added nothing to any slot: its projection is zero (an untrained "
+                    "fusion -- the bundled one is, because no trained step beat its backbone on "
+                    "held-out rounds). Whatever the gate reads, ReTrace drafted exactly what its "
+                    "DFlash backbone would have.")
 
 # ---------------------------------------------------------------- beside the backbone
 base = ss.get("rt_backbone") if ss.get("rt_source") == "page" else None

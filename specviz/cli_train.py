@@ -67,7 +67,10 @@ def cmd_train_retrace(args) -> int:
              if ev else "no eval"))
     if res.get("best"):
         print(f"best held-out step {res['best']['step']} (round r+1 accepted "
-              f"{res['best']['accepted_fused']:.3f}) kept in {res['out']}/best")
+              f"{res['best']['accepted_fused']:.3f}) kept in {res['out']}/best"
+              + (" -- the untrained fusion: no trained step beat the backbone, so ReTrace "
+                 "from it drafts exactly what its backbone drafts" if res['best']['step'] == 0
+                 else ""))
     print(f"ReTrace written to {res['out']} (use: --method retrace --param checkpoint={res['out']})")
     return 0
 

@@ -64,6 +64,8 @@ def test_equals_backbone_round_for_round(mode, tiny_target):
         assert [r.accepted for r in rt.rounds] == [r.accepted for r in base.rounds]
         fused = [r for r in rt.rounds if "retrace" in r.extras]
         assert fused or all(r.accepted >= len(r.draft) - 1 for r in rt.rounds)
+        # the record says so: nothing was added to any slot (the page's "added nothing" note)
+        assert all(v == 0 for r in fused for v in r.extras["retrace"]["residual"])
 
 
 def count_forwards(target):
@@ -96,6 +98,8 @@ def test_fusion_changes_drafts_not_outputs_and_adds_no_forward(tiny_target):
             if info:
                 assert min(info["slots"]) >= 1 and all(0 < g < 1 for g in info["gate"])
                 assert len(info["slots"]) == len(info["from_positions"]) == len(info["agree"])
+                assert len(info["residual"]) == len(info["slots"])
+                assert any(v > 0 for v in info["residual"])   # a trained fusion adds something
     assert changed >= 3
 
 

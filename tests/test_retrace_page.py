@@ -59,6 +59,11 @@ def test_tables_and_figures():
     assert list(g["slot's fate"]) == ["accepted", "accepted", "rejected"]
     assert vr.fig_gates(tr).data and vr.fig_match_heatmap([tr]).data
     assert vr.has_retrace(tr) and not vr.has_retrace(make_retrace_trace(False))
+    assert not vr.fusion_inert(tr)          # recorded before the residual was kept
+    tr.rounds[1].extras["retrace"]["residual"] = [0.0, 0.0, 0.0]
+    assert vr.fusion_inert(tr)
+    tr.rounds[1].extras["retrace"]["residual"] = [0.0, 0.02, 0.0]
+    assert not vr.fusion_inert(tr) and not vr.fusion_inert(make_retrace_trace(False))
     other = make_retrace_trace()
     other.rounds[1] = Round(index=1, start=12, drafter="dflash", draft=[22, 50], accepted=1,
                             committed=[22, 23])
@@ -85,6 +90,16 @@ def test_page_shows_a_saved_trace(extras):
         assert len(at.get("plotly_chart")) == 2
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["tau at most"] == "2.00" and metrics["Rounds carrying a suffix"] == "2"
+
+
+def test_page_says_when_the_fusion_added_nothing():
+    tr = make_retrace_trace()
+    tr.rounds[1].extras["retrace"]["residual"] = [0.0, 0.0, 0.0]
+    at = new_app()
+    at.session_state["uploaded_trace"] = tr
+    at.switch_page("pages/retrace.py").run()
+    assert_clean(at)
+    assert any("added nothing" in i.value for i in at.info)
 
 
 def test_page_without_a_run():

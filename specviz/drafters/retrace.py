@@ -137,11 +137,14 @@ def fuse(x: torch.Tensor, fusion: ReTraceFusion, memory: RejectedMemory | None,
         g = torch.zeros_like(g)
         delta = torch.zeros_like(delta)
     x = x.clone()
+    # what the memory added, relative to the slot's input embedding (0: nothing, whatever g)
+    residual = delta.float().norm(dim=-1) / x[0, slots].float().norm(dim=-1).clamp_min(1e-9)
     x[0, slots] = x[0, slots] + delta.to(x.dtype)
     info = {"slots": slots, "from_positions": [memory.positions[i] for _, i in pairs],
             "from_slots": [memory.slots[i] for _, i in pairs],
             "agree": [bool(memory.agree[i] > 0.5) for _, i in pairs],
-            "gate": [round(float(v), 4) for v in g.detach()]}
+            "gate": [round(float(v), 4) for v in g.detach()],
+            "residual": [round(float(v), 4) for v in residual.detach()]}
     return x, info
 
 

@@ -34,6 +34,14 @@ def has_retrace(trace: Trace) -> bool:
     return any("retrace" in r.extras for r in trace.rounds)
 
 
+def fusion_inert(trace: Trace) -> bool:
+    """True when the trace's fusion added nothing to any slot (every recorded ``residual`` is 0:
+    a zero projection, i.e. an untrained fusion -- ReTrace then drafts what its backbone does,
+    whatever the gate reads). Traces recorded before the residual was kept: False."""
+    res = [v for r in trace.rounds for v in (r.extras.get("retrace") or {}).get("residual", [])]
+    return bool(res) and all(v == 0 for v in res)
+
+
 def _text(trace: Trace, tok: int | None) -> str:
     if tok is None:
         return ""
