@@ -18,7 +18,7 @@ from specviz.analysis.replay import replay  # noqa: E402
 from specviz.costs import CostModel, pin_model  # noqa: E402
 from specviz.drafters import make_drafter  # noqa: E402
 from specviz.models import load_target  # noqa: E402
-from specviz.train.rollouts import RolloutSet  # noqa: E402
+from specviz.train.rollout_store import RolloutSet  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from adapld_dev import parse_variant, trace_cost  # noqa: E402

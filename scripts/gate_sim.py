@@ -27,7 +27,7 @@ from specviz.drafters import make_drafter  # noqa: E402
 from specviz.drafters.block_cut import ForwardGate  # noqa: E402
 from specviz.drafters.probes import PROBE_GAPS  # noqa: E402
 from specviz.models import load_target  # noqa: E402
-from specviz.train.rollouts import RolloutSet  # noqa: E402
+from specviz.train.rollout_store import RolloutSet  # noqa: E402
 
 
 @dataclass

@@ -19,7 +19,7 @@ from specviz.analysis.edr import evaluate, greedy_acceptance
 from specviz.analysis.offline_eval import drafts_for, parse_drafters
 from specviz.drafters import make_drafter
 from specviz.models import load_target
-from specviz.train.rollouts import RolloutSet
+from specviz.train.rollout_store import RolloutSet
 
 
 def prefix_acceptance(a: torch.Tensor, K: int) -> torch.Tensor:

@@ -27,7 +27,7 @@ def main():
     pairs = load_pairs(a.data)[a.skip:a.skip + a.n]
     with tempfile.TemporaryDirectory() as d:
         pf = make_prefill_set(target, pairs, d, layer_ids=layers)
-        from specviz.train.rollouts import RolloutSet
+        from specviz.train.rollout_store import RolloutSet
         rs = RolloutSet(d)
         exact = 0
         for i in range(len(rs)):

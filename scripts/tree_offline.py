@@ -20,7 +20,7 @@ from specviz.drafters import make_drafter
 from specviz.drafters.block_tree import TREE_TOPK, best_first
 from specviz.models import load_target
 from specviz.train.block_forward import block_embeddings, forward_blocks, sequence_context
-from specviz.train.rollouts import RolloutSet
+from specviz.train.rollout_store import RolloutSet
 
 CHUNK = 96
 

@@ -13,8 +13,7 @@ from .errors import SpecvizError
 
 def cmd_train_rollouts(args) -> int:
     from .models import load_target
-    from .train.rollouts import (STORE_DTYPES, load_items, make_rollouts, parse_layers,
-                                  prompt_key)
+    from .train.rollouts import STORE_DTYPES, load_items, make_rollouts, parse_layers, prompt_key
 
     if not 0.0 <= args.holdout < 1.0:
         raise SpecvizError("--holdout must be in [0, 1)")
@@ -117,7 +116,7 @@ def cmd_train_prefill(args) -> int:
 
 def cmd_train_soft_labels(args) -> int:
     from .models import load_target
-    from .train.rollouts import read_meta
+    from .train.rollout_store import read_meta
     from .train.soft_labels import make_soft_labels
 
     metas = [read_meta(d) for d in args.rollouts]   # not a rollouts folder: fails before loading
@@ -138,7 +137,7 @@ def cmd_train_soft_labels(args) -> int:
 
 def cmd_train_store(args) -> int:
     from .drafters.history_store import store_from_rollouts
-    from .train.rollouts import read_meta
+    from .train.rollout_store import read_meta
 
     meta = read_meta(args.rollouts[0])
     for folder in args.rollouts[1:]:

@@ -15,7 +15,7 @@ from .errors import SpecvizError
 def cmd_train_dflash(args) -> int:
     from .models import load_target
     from .train.dflash_train import TrainConfig, train_dflash
-    from .train.rollouts import read_meta
+    from .train.rollout_store import read_meta
 
     cfg = TrainConfig(block_size=args.block_size, num_layers=args.layers, steps=args.steps,
                       batch_size=args.batch_size, anchors_per_seq=args.anchors_per_seq,
@@ -44,7 +44,7 @@ def cmd_train_retrace(args) -> int:
     from .drafters.dflash import bundled_checkpoint, load_dflash_checkpoint
     from .models import load_target
     from .train.retrace_train import ReTraceTrainConfig, train_retrace
-    from .train.rollouts import read_meta
+    from .train.rollout_store import read_meta
 
     cfg = ReTraceTrainConfig(steps=args.steps, batch_size=args.batch_size,
                              anchors_per_seq=args.anchors_per_seq, lr=args.lr, gamma=args.gamma,
@@ -80,7 +80,7 @@ def cmd_train_gate_probe(args) -> int:
     from .drafters.state_probe import checkpoint_sha256, save_state_probe
     from .models import load_target
     from .train.gate_probe import check_holdout, fit_gate_probe
-    from .train.rollouts import RolloutSet
+    from .train.rollout_store import RolloutSet
 
     check_holdout(args.holdout)   # before the model loads
     sets = [RolloutSet(r) for r in args.rollouts]  # a missing folder fails before the model
@@ -108,7 +108,7 @@ def cmd_eval(args) -> int:
 
     from .analysis.offline_eval import offline_compare, parse_drafters, real_rounds
     from .models import load_target
-    from .train.rollouts import RolloutSet, read_meta
+    from .train.rollout_store import RolloutSet, read_meta
 
     specs = parse_drafters(args.drafters)
     meta = read_meta(args.rollouts)
@@ -167,7 +167,7 @@ def cmd_train_finetune(args) -> int:
     from .drafters.dflash import bundled_checkpoint, load_dflash_checkpoint
     from .models import load_target
     from .train.edr_train import EDRTrainConfig, finetune
-    from .train.rollouts import read_meta
+    from .train.rollout_store import read_meta
 
     cfg = EDRTrainConfig(objective=args.objective, steps=args.steps, batch_size=args.batch_size,
                          num_starts=args.num_starts, lr=args.lr, eval_every=args.eval_every,

@@ -22,7 +22,8 @@ from specviz.drafters.dspark import DSparkDrafter, add_markov_head, chain_scores
 from specviz.engine import DecodeSettings, Session, generate
 from specviz.errors import SettingsError
 from specviz.models import ModelLoadError
-from specviz.train.rollouts import RolloutSet, make_rollouts
+from specviz.train.rollout_store import RolloutSet
+from specviz.train.rollouts import make_rollouts
 
 from conftest import (assert_same_law, first_two_token_counts, make_tiny_rollouts,
                       make_tiny_target)

@@ -136,7 +136,8 @@ def test_finetune_objectives_run_from_the_same_weights(tmp_path, tiny_target):
     from specviz.drafters.dflash import load_dflash_checkpoint, new_dflash_for_target
     from specviz.train.block_forward import sequence_context
     from specviz.train.edr_train import (EDRTrainConfig, edr_loss, finetune, state_acceptance)
-    from specviz.train.rollouts import RolloutSet, make_rollouts
+    from specviz.train.rollout_store import RolloutSet
+    from specviz.train.rollouts import make_rollouts
 
     items = [PromptItem(f"p{i}", "c", " ".join(f"t{(i * 3 + j % 5) % 60 + 2}" for j in range(6)),
                         "x") for i in range(12)]

@@ -16,7 +16,8 @@ from specviz.bench import PromptItem
 from specviz.drafters.dflash import DFlashDrafter, new_dflash_for_target, save_dflash_checkpoint
 from specviz.engine import DecodeSettings, Session
 from specviz.errors import SpecvizError
-from specviz.train.rollouts import RolloutSet, make_rollouts
+from specviz.train.rollout_store import RolloutSet
+from specviz.train.rollouts import make_rollouts
 
 T = 1.0
 

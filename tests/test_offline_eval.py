@@ -14,7 +14,8 @@ from specviz.analysis.offline_eval import (bootstrap_ci, dflash_state_drafts, of
 from specviz.bench import PromptItem
 from specviz.drafters.dflash import DFlashDrafter, new_dflash_for_target, save_dflash_checkpoint
 from specviz.errors import SettingsError, SpecvizError
-from specviz.train.rollouts import RolloutSet, make_rollouts
+from specviz.train.rollout_store import RolloutSet
+from specviz.train.rollouts import make_rollouts
 
 from conftest import make_tiny_rollouts
 

@@ -10,7 +10,7 @@ import torch
 from specviz.train.prefill import (TextPair, encode_pair, exact_prefix_labels, load_pairs,
                                    make_prefill_set, prefill_batch, reference_reply,
                                    rollout_labels)
-from specviz.train.rollouts import RolloutSet
+from specviz.train.rollout_store import RolloutSet
 
 from conftest import make_tiny_target
 

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from specviz.bench import PromptItem
 from specviz.errors import SettingsError, SpecvizError
-from specviz.train.rollouts import RolloutSet, make_rollouts
+from specviz.train.rollout_store import RolloutSet
+from specviz.train.rollouts import make_rollouts
 from specviz.train.soft_labels import (make_soft_labels, read_soft, slot_soft_targets, soft_ce,
                                        sidecar_name)
 

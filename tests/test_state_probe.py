@@ -129,7 +129,7 @@ def test_probe_labels_are_the_live_drafters_accepted_length(tiny_target, tmp_pat
     """The label of state 0 equals what the live drafter (whole block, chain) accepted in its
     first round on the same prompt."""
     from specviz.train.gate_probe import fit_gate_probe, probe_examples
-    from specviz.train.rollouts import RolloutSet
+    from specviz.train.rollout_store import RolloutSet
 
     folder = make_tiny_rollouts(tiny_target, tmp_path / "ro", n=6, max_new_tokens=16)
     rs = RolloutSet(folder)

@@ -17,8 +17,8 @@ from specviz.train.block_forward import (anchor_logits, block_embeddings, forwar
 from specviz.train.dflash_train import (TrainConfig, sequence_loss, slot_weights, step_vocab,
                                         train_dflash)
 from specviz.train.simulated_tau import simulated_tau, simulated_tau_one
-from specviz.train.rollouts import (RolloutSet, generate_batch, make_rollouts, read_manifest,
-                                    split_of)
+from specviz.train.rollout_store import RolloutSet, read_manifest
+from specviz.train.rollouts import generate_batch, make_rollouts, split_of
 
 from conftest import make_tiny_target
 

@@ -178,7 +178,7 @@ def store_from_rollouts(folders: Sequence[str | Path], meta: dict | None = None,
     last two tokens (the chat template's end: what a reply starts with is counted too), and the
     index of how each reply opened (``openings``). Prefill-labelled texts and sampled rollouts
     are skipped: their text is not the target's greedy reply."""
-    from ..train.rollouts import RolloutSet
+    from ..train.rollout_store import RolloutSet
 
     pairs = []
     for folder in folders:

@@ -38,7 +38,7 @@ from ..drafters.dflash import MAX_BLOCK_SIZE, DFlashDraftModel, new_dflash_for_t
 from ..errors import SettingsError, SpecvizError
 from .block_forward import anchor_hidden
 from .loop import ShuffledOrder, append_log, lr_lambda
-from .rollouts import RolloutSet, read_meta
+from .rollout_store import RolloutSet, read_meta
 from .simulated_tau import simulated_tau
 from .train_data import TrainData, reply_vocab
 

@@ -41,7 +41,7 @@ from .block_forward import block_embeddings, forward_blocks, sequence_context
 from .dflash_train import _save, slot_weights
 from .loop import append_log, lr_lambda
 from .objectives import acceptance_from_probs, check_objective, round_terms, survival_surrogate
-from .rollouts import RolloutSet
+from .rollout_store import RolloutSet
 
 
 

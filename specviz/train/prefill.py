@@ -34,8 +34,8 @@ from typing import Callable
 import torch
 
 from ..errors import SettingsError, SpecvizError
-from .rollouts import (MANIFEST_NAME, STORE_DTYPES, RolloutSet, parse_layers, prompt_key,
-                       read_manifest, write_or_check_meta)
+from .rollout_store import MANIFEST_NAME, RolloutSet, read_manifest, write_or_check_meta
+from .rollouts import STORE_DTYPES, parse_layers, prompt_key
 
 _CALC = re.compile(r"<<[^<>]*>>")
 

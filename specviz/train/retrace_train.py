@@ -39,7 +39,7 @@ from .dflash_train import slot_weights
 from .train_data import TrainData
 from .loop import ShuffledOrder, append_log, lr_lambda
 from .prefill import block_labels
-from .rollouts import RolloutSet
+from .rollout_store import RolloutSet
 
 BEST_DIR = "best"   # the best held-out checkpoint (early stopping)
 

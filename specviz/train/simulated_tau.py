@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .rollouts import RolloutSet
+from .rollout_store import RolloutSet
 
 
 @torch.no_grad()

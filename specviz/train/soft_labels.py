@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from ..errors import SettingsError, SpecvizError
 from .prefill import right_padded, token_batches
-from .rollouts import RolloutSet
+from .rollout_store import RolloutSet
 
 META_NAME = "soft.json"
 HEAD_CHUNK = 512   # rows of the 49k-word LM head at a time (memory: 512 x V floats)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import SpecvizError
-from .rollouts import RolloutSet
+from .rollout_store import RolloutSet
 
 
 def reply_vocab(rollouts) -> torch.Tensor:
