@@ -35,7 +35,9 @@ Bundled drafter: ``specviz/weights/dflash-smollm2-135m-instruct`` was trained by
 ``python -m specviz train rollouts`` + ``train dflash`` (README) for the embedded target and
 then continued six times on more greedy rollouts (``scripts/retrain_dflash.sh``,
 ``retrain_dflash_store.sh``, ``retrain_dflash_c3.sh`` ... ``retrain_dflash_c6.sh``; the last two
-on Magpie dialogue the target writes itself); it is used
+on Magpie dialogue the target writes itself); the bundled one now is c6's recipe with soft labels
+(the target's top-8, ``scripts/ab_soft_labels.sh``) run for 2,000 steps
+(``scripts/retrain_dflash_long.sh``); it is used
 when ``checkpoint`` is left empty and the target is SmolLM2-135M-Instruct.
 
 Weights at run time (``weights``: float, int8, auto; packed CPU kernels): :mod:`.dflash_runtime`.
