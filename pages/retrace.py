@@ -117,7 +117,7 @@ else:
                     f"{trace.new_tokens} tokens · tau {trace.tau:.2f}")
     if not vr.has_retrace(trace):
         st.info("This run has no ReTrace memory details (it was made with "
-                f"**{str(m.get('method', '?')).upper()}**, or with the gate off). The alignment "
+                f"**{str(m.get('method', '?')).upper()}**, or before ReTrace kept them). The alignment "
                 "views below still show what its rejected suffixes were worth; run ReTrace to "
                 "see the memory and the gates.")
 
@@ -171,7 +171,11 @@ if trace is not None:
                    "slot's draft token was then accepted.")
         st.plotly_chart(vr.fig_gates(trace), width="stretch", config=ui.PLOTLY_CONFIG,
                         key="rt_gates")
-        if vr.fusion_inert(trace):
+        if vr.gate_forced_off(trace):
+            st.info("The gate was forced off in this run (`gate=off`): the memory was aligned "
+                    "as shown but not fused into the block, so ReTrace drafted exactly what its "
+                    "DFlash backbone would have.")
+        elif vr.fusion_inert(trace):
             st.info("This fusion added nothing to any slot: its projection is zero (an untrained "
                     "fusion -- the bundled one is, because no trained step beat its backbone on "
                     "held-out rounds). Whatever the gate reads, ReTrace drafted exactly what its "

@@ -71,7 +71,8 @@ def cmd_train_retrace(args) -> int:
               + (" -- the untrained fusion: no trained step beat the backbone, so ReTrace "
                  "from it drafts exactly what its backbone drafts" if res['best']['step'] == 0
                  else ""))
-    print(f"ReTrace written to {res['out']} (use: --method retrace --param checkpoint={res['out']})")
+    use = f"{res['out']}/best" if res.get("best") else res["out"]
+    print(f"ReTrace written to {res['out']} (use: --method retrace --param checkpoint={use})")
     return 0
 
 

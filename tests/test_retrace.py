@@ -66,6 +66,8 @@ def test_equals_backbone_round_for_round(mode, tiny_target):
         assert fused or all(r.accepted >= len(r.draft) - 1 for r in rt.rounds)
         # the record says so: nothing was added to any slot (the page's "added nothing" note)
         assert all(v == 0 for r in fused for v in r.extras["retrace"]["residual"])
+        # ... and whether the gate was forced off (the page then says that, not "untrained")
+        assert all(bool(r.extras["retrace"].get("gate_off")) == (mode == "gate_off") for r in fused)
 
 
 def count_forwards(target):
@@ -267,7 +269,15 @@ def test_bundled_retrace_is_for_the_bundled_backbone(tiny_target):
     fusion, cfg = load_retrace(folder)                       # strict load
     assert cfg["backbone"] == "bundled"
     check_backbone(cfg, load_dflash_checkpoint(BUNDLED_DIR / DF_BUNDLED["SmolLM2-135M-Instruct"]))
-    assert float(fusion.proj.weight.abs().sum()) > 0          # trained, not the zero init
+    # the bundled fusion is the held-out best of its training run (early stopping): the
+    # untrained one (step 0, a zero projection = the backbone) where no trained step beat the
+    # backbone, as on the bundled backbone now; otherwise a trained one, away from zero
+    log = [json.loads(x) for x in (folder / "train_log.jsonl").read_text().splitlines() if x]
+    evals = [r for r in log if "accepted_fused" in r]
+    best = max(evals, key=lambda r: r["accepted_fused"])     # the first best wins a tie
+    assert cfg["specviz_training"]["step"] == best["step"]
+    moved = float(fusion.proj.weight.abs().sum())
+    assert (moved == 0) if best["step"] == 0 else (moved > 0)
     with pytest.raises(SettingsError, match="ReTrace checkpoint"):
         make_drafter("retrace", tiny_target)
 

@@ -64,6 +64,9 @@ def test_tables_and_figures():
     assert vr.fusion_inert(tr)
     tr.rounds[1].extras["retrace"]["residual"] = [0.0, 0.02, 0.0]
     assert not vr.fusion_inert(tr) and not vr.fusion_inert(make_retrace_trace(False))
+    tr.rounds[1].extras["retrace"].update(residual=[0.0, 0.0, 0.0], gate_off=True)
+    assert vr.gate_forced_off(tr) and not vr.fusion_inert(tr)   # gate off: not "untrained"
+    assert not vr.gate_forced_off(make_retrace_trace())
     other = make_retrace_trace()
     other.rounds[1] = Round(index=1, start=12, drafter="dflash", draft=[22, 50], accepted=1,
                             committed=[22, 23])
@@ -100,6 +103,13 @@ def test_page_says_when_the_fusion_added_nothing():
     at.switch_page("pages/retrace.py").run()
     assert_clean(at)
     assert any("added nothing" in i.value for i in at.info)
+    tr.rounds[1].extras["retrace"]["gate_off"] = True      # the gate forced off: said so instead
+    at = new_app()
+    at.session_state["uploaded_trace"] = tr
+    at.switch_page("pages/retrace.py").run()
+    assert_clean(at)
+    infos = [i.value for i in at.info]
+    assert any("forced off" in v for v in infos) and not any("added nothing" in v for v in infos)
 
 
 def test_page_without_a_run():

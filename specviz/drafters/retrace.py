@@ -144,7 +144,10 @@ def fuse(x: torch.Tensor, fusion: ReTraceFusion, memory: RejectedMemory | None,
             "from_slots": [memory.slots[i] for _, i in pairs],
             "agree": [bool(memory.agree[i] > 0.5) for _, i in pairs],
             "gate": [round(float(v), 4) for v in g.detach()],
-            "residual": [round(float(v), 4) for v in residual.detach()]}
+            # 4 significant digits: a tiny contribution stays > 0, only a zero one reads 0
+            "residual": [float(f"{float(v):.4g}") for v in residual.detach()]}
+    if gate_off:
+        info["gate_off"] = True
     return x, info
 
 

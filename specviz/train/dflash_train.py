@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from ..drafters.dflash import MAX_BLOCK_SIZE, DFlashDraftModel, new_dflash_for_target
 from ..errors import SettingsError, SpecvizError
 from .block_forward import anchor_hidden
-from .loop import ShuffledOrder, append_log, lr_lambda
+from .loop import ShuffledOrder, append_log, lr_lambda, step_bar
 from .rollout_store import RolloutSet, read_meta
 from .simulated_tau import simulated_tau
 from .train_data import TrainData, reply_vocab
@@ -106,6 +106,7 @@ def step_vocab(active: torch.Tensor, vocab_size: int, negatives: int,
     pool = rest.nonzero().view(-1)
     pick = pool[torch.randperm(pool.numel(), generator=gen)[:negatives]]
     return torch.cat([active, pick]).sort().values
+
 
 def sequence_loss(model, target, tokens, hidden, prompt_len: int, n_anchors: int,
                   weights: torch.Tensor, rng: random.Random,
@@ -325,12 +326,7 @@ def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainCo
     """Train (or resume) a DFlash drafter for ``target`` on the train rollouts in
     ``rollouts_dir`` plus the prefill-labelled folders ``prefill``; eval on its eval split."""
     cfg.validate()
-    meta = read_meta(rollouts_dir)
-    train_set = TrainData(rollouts_dir, prefill)
-    if cfg.soft_weight > 0:
-        train_set.check_soft()
-    eval_set = RolloutSet(rollouts_dir, split="eval")
-    _check_rollouts(target, meta, rollouts_dir, train_set)
+    meta, train_set, eval_set = _data(target, rollouts_dir, prefill, cfg)
     out = Path(out)
     rng = random.Random(cfg.seed)
     model, st, start = _model_and_state(target, cfg, meta, out, resume, rng)
@@ -344,7 +340,7 @@ def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainCo
     vgen = torch.Generator().manual_seed(cfg.seed + start)
     save_every = cfg.save_every or cfg.eval_every or cfg.steps
     out.mkdir(parents=True, exist_ok=True)
-    bar = _progress(show_bar, cfg.steps, start)
+    bar = step_bar(show_bar, cfg.steps, "dflash", start)
     history, last_eval, ema = [], None, None
     batcher = ShuffledOrder(train_set, rng)
     t0 = time.perf_counter()
@@ -395,10 +391,12 @@ def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainCo
             "active_vocab": None if active is None else int(active.numel())}
 
 
-def _progress(show: bool, total: int, initial: int):
-    """A tqdm bar over the run's steps (None when not shown)."""
-    if not show:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, desc="dflash", unit="step")
+def _data(target, rollouts_dir, prefill, cfg: TrainConfig):
+    """(meta, train data, eval split) of a run, checked against the target and the settings."""
+    meta = read_meta(rollouts_dir)
+    train_set = TrainData(rollouts_dir, prefill)
+    if cfg.soft_weight > 0:
+        train_set.check_soft()
+    eval_set = RolloutSet(rollouts_dir, split="eval")
+    _check_rollouts(target, meta, rollouts_dir, train_set)
+    return meta, train_set, eval_set

@@ -39,7 +39,7 @@ from ..analysis.edr import evaluate, greedy_acceptance, occupancy, values
 from ..errors import SettingsError, SpecvizError
 from .block_forward import block_embeddings, forward_blocks, sequence_context
 from .dflash_train import _save, slot_weights
-from .loop import append_log, lr_lambda
+from .loop import append_log, lr_lambda, step_bar
 from .objectives import acceptance_from_probs, check_objective, round_terms, survival_surrogate
 from .rollout_store import RolloutSet
 
@@ -218,11 +218,7 @@ def finetune(target, model, rollouts_dir, eval_dir, out, cfg: EDRTrainConfig,
     rng, gen = random.Random(cfg.seed), torch.Generator().manual_seed(cfg.seed)
     weights = slot_weights(model.block_size, cfg.gamma)
     cfg.block_size, cfg.num_layers = int(model.block_size), len(model.layers)
-    bar = None
-    if show_bar:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=cfg.steps, desc=f"finetune ({cfg.objective})", unit="step")
+    bar = step_bar(show_bar, cfg.steps, f"finetune ({cfg.objective})")
     order: list[int] = []
     hist, evals, t0 = [], [], time.perf_counter()
 

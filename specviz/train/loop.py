@@ -2,7 +2,8 @@
 
 The learning-rate schedule (linear warmup, cosine decay to a floor), the epoch-wise shuffled
 order of training sequences (its RNG is the run's, saved for ``--resume``), and the one JSON line
-per record of a run's ``train_log.jsonl`` (read by the app and the tests).
+per record of a run's ``train_log.jsonl`` (read by the app and the tests), and the steps'
+progress bar.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def lr_lambda(cfg):
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
     return f
 
+
 @dataclass
 class ShuffledOrder:
     """Training sequences in a fresh shuffled order each epoch (``rng``: the run's, saved)."""
@@ -42,8 +44,16 @@ class ShuffledOrder:
         return self.order.pop()
 
 
-
 def append_log(out: Path, rec: dict) -> None:
     """One JSON line in ``out``'s training log (``train_log.jsonl``, read by the app and tests)."""
     with open(out / LOG_NAME, "a") as fh:
         fh.write(json.dumps(rec) + "\n")
+
+
+def step_bar(show: bool, total: int, desc: str, initial: int = 0):
+    """A tqdm bar over a run's steps (None when not shown)."""
+    if not show:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit="step")

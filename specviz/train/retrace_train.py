@@ -36,10 +36,10 @@ from ..drafters.retrace import (INCLUDED, INCLUDED_BACKBONE, ReTraceFusion, buil
 from ..errors import SettingsError, SpecvizError
 from .block_forward import block_embeddings, forward_blocks, sequence_context
 from .dflash_train import slot_weights
-from .train_data import TrainData
-from .loop import ShuffledOrder, append_log, lr_lambda
+from .loop import ShuffledOrder, append_log, lr_lambda, step_bar
 from .prefill import block_labels
 from .rollout_store import RolloutSet
+from .train_data import TrainData
 
 BEST_DIR = "best"   # the best held-out checkpoint (early stopping)
 
@@ -275,11 +275,7 @@ def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_d
     if start == 0 and evd is not None and cfg.eval_every:
         best = _untrained_candidate(model, target, fusion, evd, cfg, conf, out)
     weights = slot_weights(model.block_size, cfg.gamma)
-    bar = None
-    if show_bar:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=cfg.steps, initial=start, desc="retrace", unit="step")
+    bar = step_bar(show_bar, cfg.steps, "retrace", start)
     batcher = ShuffledOrder(data, rng)
     hist, last_eval, t0 = [], None, time.perf_counter()
 

@@ -34,10 +34,19 @@ def has_retrace(trace: Trace) -> bool:
     return any("retrace" in r.extras for r in trace.rounds)
 
 
+def gate_forced_off(trace: Trace) -> bool:
+    """True when the run had ReTrace's gate forced off (``gate=off``: the memory is kept and
+    aligned but adds nothing, so ReTrace drafts what its backbone does)."""
+    return any((r.extras.get("retrace") or {}).get("gate_off") for r in trace.rounds)
+
+
 def fusion_inert(trace: Trace) -> bool:
-    """True when the trace's fusion added nothing to any slot (every recorded ``residual`` is 0:
-    a zero projection, i.e. an untrained fusion -- ReTrace then drafts what its backbone does,
-    whatever the gate reads). Traces recorded before the residual was kept: False."""
+    """True when the trace's fusion added nothing to any slot with its gate on (every recorded
+    ``residual`` is 0: a zero projection, i.e. an untrained fusion -- ReTrace then drafts what its
+    backbone does, whatever the gate reads). Gate forced off, or traces recorded before the
+    residual was kept: False."""
+    if gate_forced_off(trace):
+        return False
     res = [v for r in trace.rounds for v in (r.extras.get("retrace") or {}).get("residual", [])]
     return bool(res) and all(v == 0 for v in res)
 
