@@ -117,9 +117,9 @@ else:
                     f"{trace.new_tokens} tokens · tau {trace.tau:.2f}")
     if not vr.has_retrace(trace):
         st.info("This run has no ReTrace memory details (it was made with "
-                f"**{str(m.get('method', '?')).upper()}**, or before ReTrace kept them). The alignment "
-                "views below still show what its rejected suffixes were worth; run ReTrace to "
-                "see the memory and the gates.")
+                f"**{str(m.get('method', '?')).upper()}**, or before ReTrace kept them). The "
+                "alignment views below still show what its rejected suffixes were worth; run "
+                "ReTrace to see the memory and the gates.")
 
 # ---------------------------------------------------------------- one pair of rounds
 if trace is not None:

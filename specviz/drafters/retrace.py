@@ -130,24 +130,22 @@ def fuse(x: torch.Tensor, fusion: ReTraceFusion, memory: RejectedMemory | None,
     if not pairs:
         return x, {}
     slots = [j for j, _ in pairs]
+    info = {"slots": slots, "from_positions": [memory.positions[i] for _, i in pairs],
+            "from_slots": [memory.slots[i] for _, i in pairs],
+            "agree": [bool(memory.agree[i] > 0.5) for _, i in pairs]}
+    if gate_off:   # the memory is aligned and recorded; nothing is computed or added
+        return x, {**info, "gate": [0.0] * len(slots), "residual": [0.0] * len(slots),
+                   "gate_off": True}
     rows = torch.tensor([i for _, i in pairs])
     dt = next(fusion.parameters()).dtype
     delta, g = fusion(memory.h[rows].to(dt), memory.c[rows].to(dt), memory.agree[rows].to(dt))
-    if gate_off:
-        g = torch.zeros_like(g)
-        delta = torch.zeros_like(delta)
     x = x.clone()
     # what the memory added, relative to the slot's input embedding (0: nothing, whatever g)
     residual = delta.float().norm(dim=-1) / x[0, slots].float().norm(dim=-1).clamp_min(1e-9)
     x[0, slots] = x[0, slots] + delta.to(x.dtype)
-    info = {"slots": slots, "from_positions": [memory.positions[i] for _, i in pairs],
-            "from_slots": [memory.slots[i] for _, i in pairs],
-            "agree": [bool(memory.agree[i] > 0.5) for _, i in pairs],
-            "gate": [round(float(v), 4) for v in g.detach()],
-            # 4 significant digits: a tiny contribution stays > 0, only a zero one reads 0
-            "residual": [float(f"{float(v):.4g}") for v in residual.detach()]}
-    if gate_off:
-        info["gate_off"] = True
+    info["gate"] = [round(float(v), 4) for v in g.detach()]
+    # 4 significant digits: a tiny contribution stays > 0, only a zero one reads 0
+    info["residual"] = [float(f"{float(v):.4g}") for v in residual.detach()]
     return x, info
 
 

@@ -296,7 +296,7 @@ def _model_and_state(target, cfg: TrainConfig, meta: dict, out: Path, resume: bo
     state_path = out / STATE_NAME
     if resume and state_path.is_file():
         return _resumed(state_path, cfg, out, rng)
-    if resume is False and state_path.is_file():
+    if state_path.is_file():
         raise SpecvizError(f"{out} already holds a training run: pass --resume or another --out")
     return _fresh(target, cfg, meta), None, 0
 
