@@ -2,14 +2,15 @@
 
 The learning-rate schedule (linear warmup, cosine decay to a floor), the epoch-wise shuffled
 order of training sequences (its RNG is the run's, saved for ``--resume``), and the one JSON line
-per record of a run's ``train_log.jsonl`` (read by the app and the tests), and the steps'
-progress bar.
+per record of a run's ``train_log.jsonl`` (read by the app and the tests), and the progress
+bars of the trainers' steps and of the data makers' batches.
 """
 from __future__ import annotations
 
 import json
 import math
 import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,10 +51,23 @@ def append_log(out: Path, rec: dict) -> None:
         fh.write(json.dumps(rec) + "\n")
 
 
-def step_bar(show: bool, total: int, desc: str, initial: int = 0):
-    """A tqdm bar over a run's steps (None when not shown)."""
+def step_bar(show: bool, total: int, desc: str, initial: int = 0, unit: str = "step"):
+    """A tqdm bar over a run's steps (or a data maker's prompts, texts, shards: ``unit``);
+    None when not shown."""
     if not show:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, desc=desc, unit="step")
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit)
+
+
+def report_batch(bar, progress, step: int, n_done: int, total: int, tokens: int, t0: float,
+                 rate_format: str = ".1f") -> None:
+    """A data maker finished a batch of ``step`` items: advance the bar (showing tokens/s since
+    ``t0``) and call ``progress(done, total, tokens)``."""
+    if bar is not None:
+        bar.update(step)
+        rate = tokens / max(time.perf_counter() - t0, 1e-9)
+        bar.set_postfix_str(f"{rate:{rate_format}} tok/s")
+    if progress:
+        progress(n_done, total, tokens)

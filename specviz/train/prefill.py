@@ -34,7 +34,9 @@ from typing import Callable
 import torch
 
 from ..errors import SettingsError, SpecvizError
-from .rollout_store import MANIFEST_NAME, RolloutSet, read_manifest, write_or_check_meta
+from .loop import report_batch, step_bar
+from .rollout_store import (MANIFEST_NAME, RolloutSet, next_shard_no, read_manifest,
+                            write_or_check_meta)
 from .rollouts import STORE_DTYPES, parse_layers, prompt_key
 
 _CALC = re.compile(r"<<[^<>]*>>")
@@ -197,29 +199,34 @@ def encode_pair(target, pair: TextPair | TokenText) -> tuple[list[int], int]:
     return p + [int(x) for x in r] + eos, len(p)
 
 
-def make_prefill_set(target, pairs: list[TextPair | TokenText], out: str | Path, layer_ids=None,
-                     batch_tokens: int = 4096, max_tokens: int = 768,
-                     store_dtype: str = "float16", model_name: str | None = None,
-                     show_bar: bool = False,
-                     progress: Callable[[int, int, int], None] | None = None) -> dict:
-    """Prefill ``pairs`` (skipping keys already stored) into ``out``; returns counts and
-    tokens/s. Sequences longer than ``max_tokens`` are cut there; batches hold about
-    ``batch_tokens`` tokens (similar lengths together)."""
-    from safetensors.torch import save_file
-
+# --------------------------------------------------------------------------- the store
+def _check_settings(store_dtype: str, batch_tokens: int, max_tokens: int) -> None:
+    """SettingsError (naming the CLI flag) for a setting out of range."""
     if store_dtype not in STORE_DTYPES:
         raise SettingsError(f"--dtype must be one of {', '.join(STORE_DTYPES)}")
     if batch_tokens < 1 or max_tokens < 8:
         raise SettingsError("--batch-tokens must be >= 1 and --max-tokens >= 8")
+
+
+def _write_meta(target, out: Path, layer_ids, store_dtype: str,
+                model_name: str | None) -> list[int]:
+    """Create ``out`` and write (or check) its ``meta.json``; returns the tapped layer ids
+    (default: the DFlash default of :func:`parse_layers`)."""
     tc = getattr(target.model.config, "text_config", None) or target.model.config
     L, H = int(tc.num_hidden_layers), int(tc.hidden_size)
     layer_ids = list(layer_ids) if layer_ids is not None else parse_layers(None, L)
-    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_or_check_meta(out, {"model": model_name or target.name, "target_layer_ids": layer_ids,
                       "num_target_layers": L, "hidden_size": H, "dtype": store_dtype,
                       "vocab_size": int(target.model.get_input_embeddings().num_embeddings),
                       "holdout": 0.0})
+    return layer_ids
+
+
+def _pending_texts(target, pairs: list[TextPair | TokenText], out: Path,
+                   max_tokens: int) -> list[tuple]:
+    """(pair, ids cut at ``max_tokens``, prompt length) of the pairs still to prefill: keys
+    already stored, repeated keys and prompts leaving under 2 tokens of room are skipped."""
     done = {r["key"] for r in read_manifest(out)}
     todo = []
     for pr in pairs:
@@ -230,41 +237,63 @@ def make_prefill_set(target, pairs: list[TextPair | TokenText], out: str | Path,
         if plen + 2 > max_tokens:
             continue
         todo.append((pr, ids[:max_tokens], plen))
-    shard_no = 1 + max([int(p.stem.split("-")[1]) for p in out.glob("shard-*.safetensors")
-                        if p.stem.split("-")[1].isdigit()], default=-1)
-    bar = None
-    if show_bar:
-        from tqdm.auto import tqdm
+    return todo
 
-        bar = tqdm(total=len(todo), desc="prefill", unit="text")
+
+
+
+
+
+def _write_shard(out: Path, shard: str, batch: list[tuple], hid: list,
+                 greedy: list) -> tuple[int, int]:
+    """Write one prefilled batch as ``shard`` (``r{j}.tokens`` / ``.hidden`` / ``.greedy``),
+    then append its manifest lines; returns its (tokens, reply tokens)."""
+    from safetensors.torch import save_file
+
+    tensors, lines, ntok, nexact = {}, [], 0, 0
+    for j, ((pr, ids, plen), h, g) in enumerate(zip(batch, hid, greedy)):
+        toks = torch.tensor(ids, dtype=torch.int32)
+        tensors[f"r{j}.tokens"], tensors[f"r{j}.hidden"], tensors[f"r{j}.greedy"] = toks, h, g
+        follows = int((toks[plen:] == g[plen - 1:-1]).sum())
+        lines.append({"key": pr.key, "id": pr.key.split(":", 1)[-1], "category": pr.category,
+                      "source": pr.key.split(":", 1)[0], "split": "train", "shard": shard,
+                      "name": f"r{j}", "prompt_len": plen, "reply_len": len(ids) - plen,
+                      "stop": "text" if isinstance(pr, TextPair) else "rollout",
+                      "kind": "prefill", "greedy_agree": follows})
+        ntok += len(ids)
+        nexact += len(ids) - plen
+    save_file(tensors, str(out / shard), metadata={"format": "pt"})
+    with open(out / MANIFEST_NAME, "a", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(line) + "\n" for line in lines)
+    return ntok, nexact
+
+
+
+
+def make_prefill_set(target, pairs: list[TextPair | TokenText], out: str | Path, layer_ids=None,
+                     batch_tokens: int = 4096, max_tokens: int = 768,
+                     store_dtype: str = "float16", model_name: str | None = None,
+                     show_bar: bool = False,
+                     progress: Callable[[int, int, int], None] | None = None) -> dict:
+    """Prefill ``pairs`` (skipping keys already stored) into ``out``; returns counts and
+    tokens/s. Sequences longer than ``max_tokens`` are cut there; batches hold about
+    ``batch_tokens`` tokens (similar lengths together)."""
+    _check_settings(store_dtype, batch_tokens, max_tokens)
+    out = Path(out)
+    layer_ids = _write_meta(target, out, layer_ids, store_dtype, model_name)
+    todo = _pending_texts(target, pairs, out, max_tokens)
+    shard_no = next_shard_no(out)
+    bar = step_bar(show_bar, len(todo), "prefill", unit="text")
     t0, ntok, nexact, s = time.perf_counter(), 0, 0, 0
-    sdt = STORE_DTYPES[store_dtype]
     for part in token_batches([len(x[1]) for x in todo], batch_tokens):
         batch = [todo[j] for j in part]
         s += len(batch)
-        hid, greedy = prefill_batch(target, [b[1] for b in batch], layer_ids, sdt)
-        shard = f"shard-{shard_no:05d}.safetensors"
-        shard_no += 1
-        tensors, lines = {}, []
-        for j, ((pr, ids, plen), h, g) in enumerate(zip(batch, hid, greedy)):
-            toks = torch.tensor(ids, dtype=torch.int32)
-            tensors[f"r{j}.tokens"], tensors[f"r{j}.hidden"], tensors[f"r{j}.greedy"] = toks, h, g
-            follows = int((toks[plen:] == g[plen - 1:-1]).sum())
-            lines.append({"key": pr.key, "id": pr.key.split(":", 1)[-1], "category": pr.category,
-                          "source": pr.key.split(":", 1)[0], "split": "train", "shard": shard,
-                          "name": f"r{j}", "prompt_len": plen, "reply_len": len(ids) - plen,
-                          "stop": "text" if isinstance(pr, TextPair) else "rollout",
-                          "kind": "prefill", "greedy_agree": follows})
-            ntok += len(ids)
-            nexact += len(ids) - plen
-        save_file(tensors, str(out / shard), metadata={"format": "pt"})
-        with open(out / MANIFEST_NAME, "a", encoding="utf-8") as fh:
-            fh.writelines(json.dumps(line) + "\n" for line in lines)
-        if bar is not None:
-            bar.update(len(batch))
-            bar.set_postfix_str(f"{ntok / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
-        if progress:
-            progress(min(s, len(todo)), len(todo), ntok)
+        hid, greedy = prefill_batch(target, [b[1] for b in batch], layer_ids,
+                                    STORE_DTYPES[store_dtype])
+        n, r = _write_shard(out, f"shard-{shard_no:05d}.safetensors", batch, hid, greedy)
+        shard_no, ntok, nexact = shard_no + 1, ntok + n, nexact + r
+        report_batch(bar, progress, len(batch), min(s, len(todo)), len(todo), ntok, t0,
+                     rate_format=".0f")
     if bar is not None:
         bar.close()
     el = time.perf_counter() - t0

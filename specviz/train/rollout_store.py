@@ -52,6 +52,13 @@ def write_or_check_meta(out: Path, meta: dict) -> None:
         mp.write_text(json.dumps(meta, indent=2) + "\n")
 
 
+def next_shard_no(folder: Path) -> int:
+    """One past the highest ``shard-NNNNN.safetensors`` number in ``folder`` (0 when none): the
+    next batch a resumed run writes."""
+    return 1 + max([int(p.stem.split("-")[1]) for p in folder.glob("shard-*.safetensors")
+                    if p.stem.split("-")[1].isdigit()], default=-1)
+
+
 def read_manifest(folder: str | Path) -> list[dict]:
     mp = Path(folder) / MANIFEST_NAME
     if not mp.is_file():

@@ -38,7 +38,8 @@ import torch
 
 from ..errors import SettingsError, SpecvizError
 from ..models import accepts_logits_to_keep
-from .rollout_store import MANIFEST_NAME, read_manifest, write_or_check_meta
+from .loop import report_batch, step_bar
+from .rollout_store import MANIFEST_NAME, next_shard_no, read_manifest, write_or_check_meta
 
 STORE_DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -150,76 +151,98 @@ def _commit(nxt: torch.Tensor, replies: list[list[int]], done: list[bool], stops
             stops[i] = "max_new_tokens" if budgets[i] == max_new_tokens else "context"
 
 
+class _TappedForward:
+    """The batch's KV-cached forwards (one ``DynamicCache``): each returns the last position's
+    logits (only those are read: the next token) and the tapped layers' features [b, t, k*H] on
+    CPU in the storage dtype (HF index = layer id + 1). Keeps the mask and positions for steps."""
+
+    def __init__(self, target, layer_ids: list[int], store_dtype: torch.dtype,
+                 mask: torch.Tensor, pos: torch.Tensor):
+        from transformers import DynamicCache
+
+        self.model, self.dev, self.store_dtype = target.model, target.device, store_dtype
+        self.cache = DynamicCache(config=self.model.config)
+        self.ck = _cache_kwarg(self.model)
+        self.last_only = {"logits_to_keep": 1} if accepts_logits_to_keep(self.model) else {}
+        self.taps = [i + 1 for i in layer_ids]
+        self.mask, self.pos = mask, pos[:, -1]    # of the batch's latest position
+
+    def __call__(self, inp, msk, p) -> tuple[torch.Tensor, torch.Tensor]:
+        """(last-position logits [b, V], features [b, t, k*H]) of one forward."""
+        out = self.model(input_ids=inp.to(self.dev), attention_mask=msk.to(self.dev),
+                         position_ids=p.to(self.dev), use_cache=True, output_hidden_states=True,
+                         **{self.ck: self.cache}, **self.last_only)
+        feats = torch.cat([out.hidden_states[i] for i in self.taps], -1)
+        return out.logits[:, -1], feats.to("cpu", self.store_dtype)
+
+    def step(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed one token per row [b, 1] at each row's next position."""
+        b = tokens.shape[0]
+        self.mask = torch.cat([self.mask, torch.ones((b, 1), dtype=torch.long)], -1)
+        self.pos = self.pos + 1
+        return self(tokens, self.mask, self.pos.view(b, 1))
+
+
+class _Rows:
+    """Per-prompt decoding state: reply so far, stopped or not and why, token budget, and the
+    feature chunks (the prompt's rows, then one row per fed reply token)."""
+
+    def __init__(self, lens: list[int], budgets: list[int], chunks: list[list[torch.Tensor]]):
+        self.lens, self.budgets, self.chunks = lens, budgets, chunks
+        self.replies: list[list[int]] = [[] for _ in lens]
+        self.done = [bud <= 0 for bud in budgets]
+        self.stops = ["context" if d else "max_new_tokens" for d in self.done]
+
+    def fresh(self) -> list[int]:
+        """Rows whose latest reply token has no features yet."""
+        return [i for i in range(len(self.lens)) if self.replies[i] and
+                sum(c.shape[0] for c in self.chunks[i]) < self.lens[i] + len(self.replies[i])]
+
+
+def _decode(fwd: _TappedForward, pick: _Picker, rows: _Rows, nxt: torch.Tensor, pad: int,
+            eos, max_new_tokens: int) -> None:
+    """Commit each step's tokens and feed them back, keeping the new positions' features; one
+    extra one-token step after the last reply token gives that token's states."""
+    while True:
+        _commit(nxt, rows.replies, rows.done, rows.stops, rows.budgets, eos, max_new_tokens)
+        fresh = rows.fresh()
+        if not fresh:
+            break
+        # feed each row's latest token (finished rows: their last token again, ignored)
+        step = torch.tensor([[r[-1] if r else pad] for r in rows.replies], dtype=torch.long)
+        logits, f = fwd.step(step)
+        for i in fresh:
+            rows.chunks[i].append(f[i, -1:])
+        if all(rows.done):
+            break
+        nxt = pick(logits)
+
+
 def generate_batch(target, prompts: list[list[int]], max_new_tokens: int, layer_ids: list[int],
                    store_dtype: torch.dtype = torch.float16, temperature: float = 0.0,
                    generator: torch.Generator | None = None) -> BatchResult:
     """Replies of ``target`` to ``prompts`` (token id lists) in one left-padded batch, with the
     tapped hidden states of every prompt + reply position (HF index = layer id + 1)."""
-    from transformers import DynamicCache
-
-    model = target.model
-    dev = target.device
-    b = len(prompts)
     lens = [len(p) for p in prompts]
-    if not b or min(lens) == 0:
+    if not prompts or min(lens) == 0:
         raise SpecvizError("generate_batch needs non-empty prompts")
     L = max(lens)
     pad = int(min(target.eos_token_ids)) if target.eos_token_ids else 0
-    ids, mask, pos = left_padded(prompts, pad)
-    taps = [i + 1 for i in layer_ids]
     budgets = [max(0, min(max_new_tokens, target.max_context - n)) for n in lens]
-    cache = DynamicCache(config=model.config)
-    ck = _cache_kwarg(model)
-    last_only = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
-
-    def forward(inp, msk, p):   # only the last row's logits are read (the next token)
-        return model(input_ids=inp.to(dev), attention_mask=msk.to(dev), position_ids=p.to(dev),
-                     use_cache=True, output_hidden_states=True, **{ck: cache}, **last_only)
-
-    def feats(out) -> torch.Tensor:  # [b, t, k*H] on CPU in the storage dtype
-        return torch.cat([out.hidden_states[i] for i in taps], -1).to("cpu", store_dtype)
-
+    ids, mask, pos = left_padded(prompts, pad)
+    fwd = _TappedForward(target, layer_ids, store_dtype, mask, pos)
     pick = _Picker(temperature, generator)
-    out = forward(ids, mask, pos)
-    pf = feats(out)
-    chunks: list[list[torch.Tensor]] = [[pf[i, L - lens[i]:]] for i in range(b)]
-    replies: list[list[int]] = [[] for _ in range(b)]
-    done = [bud <= 0 for bud in budgets]
-    stops = ["context" if d else "max_new_tokens" for d in done]
-    nxt = pick(out.logits[:, -1])
-    cur_pos = pos[:, -1]
-    while True:
-        _commit(nxt, replies, done, stops, budgets, target.eos_token_ids, max_new_tokens)
-        # feed each row's latest token (finished rows: their last token again, ignored)
-        step = torch.tensor([[r[-1] if r else pad] for r in replies], dtype=torch.long)
-        mask = torch.cat([mask, torch.ones((b, 1), dtype=torch.long)], -1)
-        cur_pos = cur_pos + 1
-        fresh = [i for i in range(b) if replies[i] and
-                 sum(c.shape[0] for c in chunks[i]) < lens[i] + len(replies[i])]
-        if not fresh:
-            break
-        out = forward(step, mask, cur_pos.view(b, 1))
-        f = feats(out)
-        for i in fresh:
-            chunks[i].append(f[i, -1:])
-        if all(done):
-            break
-        nxt = pick(out.logits[:, -1])
-    return BatchResult(replies=replies, hidden=[torch.cat(c, 0) for c in chunks], stops=stops,
-                       probs=pick.probs(replies))
+    logits, pf = fwd(ids, mask, pos)            # the batched prompt forward
+    rows = _Rows(lens, budgets, [[pf[i, L - n:]] for i, n in enumerate(lens)])
+    _decode(fwd, pick, rows, pick(logits), pad, target.eos_token_ids, max_new_tokens)
+    return BatchResult(replies=rows.replies, hidden=[torch.cat(c, 0) for c in rows.chunks],
+                       stops=rows.stops, probs=pick.probs(rows.replies))
 
 
-def make_rollouts(target, items: list, out: str | Path, max_new_tokens: int = 256,
-                  batch_size: int = 16, layer_ids: list[int] | None = None,
-                  holdout: float = 0.05, store_dtype: str = "float16", temperature: float = 0.0,
-                  seed: int = 0, chat_template: bool | None = None,
-                  max_prompt_tokens: int | None = None, model_name: str | None = None,
-                  progress: Callable[[int, int, int], None] | None = None,
-                  show_bar: bool = False) -> dict:
-    """Generate and store rollouts for ``items`` (PromptItem-like: id, category, text, source),
-    skipping keys already in the manifest. Returns a summary dict (counts, tokens, seconds)."""
-    from safetensors.torch import save_file
-
+# --------------------------------------------------------------------------- storing
+def _check_settings(max_new_tokens: int, batch_size: int, holdout: float,
+                    store_dtype: str) -> None:
+    """SettingsError (naming the CLI flag) for a setting out of range."""
     if max_new_tokens < 1:
         raise SettingsError("--max-new-tokens must be at least 1")
     if batch_size < 1:
@@ -228,19 +251,28 @@ def make_rollouts(target, items: list, out: str | Path, max_new_tokens: int = 25
         raise SettingsError("--holdout must be in [0, 1)")
     if store_dtype not in STORE_DTYPES:
         raise SettingsError(f"--dtype must be one of {', '.join(STORE_DTYPES)}")
+
+
+def _target_dims(target) -> tuple[int, int]:
+    """(number of layers, hidden size) of the target's text model."""
     tc = getattr(target.model.config, "text_config", None) or target.model.config
-    L, H = int(tc.num_hidden_layers), int(tc.hidden_size)
-    layer_ids = list(layer_ids) if layer_ids is not None else parse_layers(None, L)
+    return int(tc.num_hidden_layers), int(tc.hidden_size)
+
+
+def _out_folder(out: str | Path) -> Path:
+    """``out`` as a folder, created if missing; SpecvizError when it is a file."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise SpecvizError(f"--out {out} is a file, not a folder")
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"model": model_name or target.name, "target_layer_ids": layer_ids,
-            "num_target_layers": L, "hidden_size": H, "dtype": store_dtype,
-            "max_new_tokens": max_new_tokens, "temperature": float(temperature),
-            "chat_template": chat_template, "holdout": holdout,
-            "vocab_size": int(target.model.get_input_embeddings().num_embeddings)}
-    write_or_check_meta(out, meta)
+    return out
+
+
+def _pending_prompts(target, items: list, out: Path, chat_template: bool | None,
+                     max_prompt_tokens: int | None) -> list[tuple]:
+    """(item, key, prompt ids) of the items still to generate, shortest first (similar lengths
+    per batch: little padding): keys already in the manifest, repeated keys and prompts over
+    ``max_prompt_tokens`` or leaving no room in the context are skipped."""
     done_keys = {r["key"] for r in read_manifest(out)}
     todo, seen = [], set()
     for it in items:
@@ -254,57 +286,82 @@ def make_rollouts(target, items: list, out: str | Path, max_new_tokens: int = 25
         if len(ids) >= target.max_context - 1:
             continue
         todo.append((it, key, ids))
-    skipped = len(items) - len(todo)
-    todo.sort(key=lambda x: len(x[2]))  # similar lengths per batch: little padding
-    shard_ids = [int(p.stem.split("-")[1]) for p in out.glob("shard-*.safetensors")
-                 if p.stem.split("-")[1].isdigit()]
-    next_shard = max(shard_ids, default=-1) + 1
-    gen = torch.Generator().manual_seed(int(seed))
-    bar = None
-    if show_bar:
-        from tqdm.auto import tqdm
+    todo.sort(key=lambda x: len(x[2]))
+    return todo
 
-        bar = tqdm(total=len(todo), desc="rollouts", unit="prompt")
-    t0 = time.perf_counter()
-    new_tokens = n_done = 0
-    sdt = STORE_DTYPES[store_dtype]
+
+
+
+
+
+def _write_shard(out: Path, shard: str, batch: list[tuple], res: BatchResult,
+                 holdout: float) -> int:
+    """Write one generated batch as ``shard`` (``r{j}.tokens`` / ``.hidden`` / sampled: ``.p``),
+    then append its manifest lines -- an interrupted batch leaves no lines, so it is simply
+    generated again. Returns the batch's reply tokens."""
+    from safetensors.torch import save_file
+
+    tensors, lines = {}, []
+    for j, ((it, key, ids), reply, hid, stop) in enumerate(zip(batch, res.replies, res.hidden,
+                                                              res.stops)):
+        name = f"r{j}"
+        toks = torch.tensor(ids + reply, dtype=torch.int32)
+        assert hid.shape[0] == toks.shape[0], (hid.shape, toks.shape)
+        tensors[name + ".tokens"] = toks
+        tensors[name + ".hidden"] = hid.contiguous()
+        if res.probs is not None:
+            tensors[name + ".p"] = torch.tensor(res.probs[j], dtype=torch.float32)
+        lines.append({"key": key, "id": str(it.id), "category": getattr(it, "category", ""),
+                      "source": getattr(it, "source", ""), "split": split_of(key, holdout),
+                      "shard": shard, "name": name, "prompt_len": len(ids),
+                      "reply_len": len(reply), "stop": stop})
+    save_file(tensors, str(out / shard), metadata={"format": "pt"})
+    with open(out / MANIFEST_NAME, "a", encoding="utf-8") as fh:
+        for line in lines:
+            fh.write(json.dumps(line) + "\n")
+    return sum(line["reply_len"] for line in lines)
+
+
+
+
+def make_rollouts(target, items: list, out: str | Path, max_new_tokens: int = 256,
+                  batch_size: int = 16, layer_ids: list[int] | None = None,
+                  holdout: float = 0.05, store_dtype: str = "float16", temperature: float = 0.0,
+                  seed: int = 0, chat_template: bool | None = None,
+                  max_prompt_tokens: int | None = None, model_name: str | None = None,
+                  progress: Callable[[int, int, int], None] | None = None,
+                  show_bar: bool = False) -> dict:
+    """Generate and store rollouts for ``items`` (PromptItem-like: id, category, text, source),
+    skipping keys already in the manifest. Returns a summary dict (counts, tokens, seconds)."""
+    _check_settings(max_new_tokens, batch_size, holdout, store_dtype)
+    L, H = _target_dims(target)
+    layer_ids = list(layer_ids) if layer_ids is not None else parse_layers(None, L)
+    out = _out_folder(out)
+    write_or_check_meta(out, {
+        "model": model_name or target.name, "target_layer_ids": layer_ids,
+        "num_target_layers": L, "hidden_size": H, "dtype": store_dtype,
+        "max_new_tokens": max_new_tokens, "temperature": float(temperature),
+        "chat_template": chat_template, "holdout": holdout,
+        "vocab_size": int(target.model.get_input_embeddings().num_embeddings)})
+    todo = _pending_prompts(target, items, out, chat_template, max_prompt_tokens)
+    next_shard = next_shard_no(out)
+    gen = torch.Generator().manual_seed(int(seed))
+    bar = step_bar(show_bar, len(todo), "rollouts", unit="prompt")
+    t0, new_tokens, n_done = time.perf_counter(), 0, 0
     for s in range(0, len(todo), batch_size):
         batch = todo[s:s + batch_size]
         res = generate_batch(target, [b[2] for b in batch], max_new_tokens, layer_ids,
-                             store_dtype=sdt, temperature=temperature, generator=gen)
-        shard = f"shard-{next_shard:05d}.safetensors"
-        next_shard += 1
-        tensors, lines = {}, []
-        for j, ((it, key, ids), reply, hid, stop) in enumerate(zip(batch, res.replies, res.hidden,
-                                                                  res.stops)):
-            name = f"r{j}"
-            toks = torch.tensor(ids + reply, dtype=torch.int32)
-            assert hid.shape[0] == toks.shape[0], (hid.shape, toks.shape)
-            tensors[name + ".tokens"] = toks
-            tensors[name + ".hidden"] = hid.contiguous()
-            if res.probs is not None:
-                tensors[name + ".p"] = torch.tensor(res.probs[j], dtype=torch.float32)
-            lines.append({"key": key, "id": str(it.id), "category": getattr(it, "category", ""),
-                          "source": getattr(it, "source", ""), "split": split_of(key, holdout),
-                          "shard": shard, "name": name, "prompt_len": len(ids),
-                          "reply_len": len(reply), "stop": stop})
-            new_tokens += len(reply)
-        save_file(tensors, str(out / shard), metadata={"format": "pt"})
-        with open(out / MANIFEST_NAME, "a", encoding="utf-8") as fh:
-            for line in lines:
-                fh.write(json.dumps(line) + "\n")
+                             store_dtype=STORE_DTYPES[store_dtype], temperature=temperature,
+                             generator=gen)
+        shard = f"shard-{next_shard + s // batch_size:05d}.safetensors"
+        new_tokens += _write_shard(out, shard, batch, res, holdout)
         n_done += len(batch)
-        el = time.perf_counter() - t0
-        if bar is not None:
-            bar.update(len(batch))
-            bar.set_postfix_str(f"{new_tokens / max(el, 1e-9):.1f} tok/s")
-        if progress:
-            progress(n_done, len(todo), new_tokens)
+        report_batch(bar, progress, len(batch), n_done, len(todo), new_tokens, t0)
     if bar is not None:
         bar.close()
     el = time.perf_counter() - t0
-    return {"generated": n_done, "skipped": skipped, "new_tokens": new_tokens, "seconds": el,
-            "tokens_per_s": new_tokens / el if el > 0 and new_tokens else 0.0,
+    return {"generated": n_done, "skipped": len(items) - len(todo), "new_tokens": new_tokens,
+            "seconds": el, "tokens_per_s": new_tokens / el if el > 0 and new_tokens else 0.0,
             "total": len(read_manifest(out)), "out": str(out)}
 
 

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from ..errors import SettingsError, SpecvizError
 from .prefill import right_padded, token_batches
+from .loop import step_bar
 from .rollout_store import RolloutSet
 
 META_NAME = "soft.json"
@@ -73,49 +74,77 @@ def _check_meta(folder: Path, meta: dict) -> None:
         path.write_text(json.dumps(meta))
 
 
+def _check_settings(k: int, batch_tokens: int) -> None:
+    """SettingsError (naming the CLI flag) for a setting out of range."""
+    if not 1 <= int(k) <= 64:
+        raise SettingsError("--topk must be between 1 and 64")
+    if batch_tokens < 1:
+        raise SettingsError("--batch-tokens must be at least 1")
+
+
+def _open_rollouts(folder: Path) -> RolloutSet:
+    """The rollouts of ``folder``; SpecvizError when it holds none."""
+    rs = RolloutSet(folder)
+    if not len(rs):
+        raise SpecvizError(f"{folder} holds no rollouts (no manifest rows)")
+    return rs
+
+
+def _pending_shards(rs: RolloutSet, folder: Path) -> tuple[dict[str, list[int]], list[str]]:
+    """(rollout indices per shard, the shards without a sidecar yet -- an interrupted run
+    resumes at the first of them)."""
+    by_shard: dict[str, list[int]] = {}
+    for i, r in enumerate(rs.rows):
+        by_shard.setdefault(r["shard"], []).append(i)
+    return by_shard, [s for s in by_shard if not (folder / sidecar_name(s)).is_file()]
+
+
+def _shard_topk(target, rs: RolloutSet, rows: list[int], k: int,
+                batch_tokens: int) -> tuple[dict, int, int, int]:
+    """(sidecar tensors ``{name}.topk_ids`` / ``.topk_p``, tokens, reply tokens whose stored
+    token is the target's argmax, reply tokens) of the rollouts ``rows`` of one shard."""
+    seqs = [rs.tokens(i).tolist() for i in rows]
+    tensors, ntok, agree, judged = {}, 0, 0, 0
+    for part in token_batches([len(q) for q in seqs], batch_tokens):
+        for j, (ids, p) in zip(part, topk_rows(target, [seqs[j] for j in part], k)):
+            name = rs.rows[rows[j]]["name"]
+            tensors[f"{name}.topk_ids"], tensors[f"{name}.topk_p"] = ids, p
+            plen = int(rs.rows[rows[j]]["prompt_len"])
+            nxt = torch.tensor(seqs[j][plen:])
+            agree += int((ids[plen - 1:-1, 0].long() == nxt).sum())
+            judged += len(nxt)
+            ntok += len(seqs[j])
+    return tensors, ntok, agree, judged
+
+
+def _write_sidecar(folder: Path, shard: str, tensors: dict) -> None:
+    """Write the shard's sidecar whole: a temporary file, then a rename."""
+    from safetensors.torch import save_file
+
+    tmp = folder / (sidecar_name(shard) + ".tmp")
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, folder / sidecar_name(shard))
+
+
+
+
 def make_soft_labels(target, folder: str | Path, k: int = 8, batch_tokens: int = 4096,
                      model_name: str | None = None, show_bar: bool = False,
                      progress: Callable[[int, int], None] | None = None) -> dict:
     """Write the top-``k`` sidecar of every shard of the rollouts ``folder`` that has none yet;
     returns counts, tokens/s and how often the target's argmax equals the stored next token
     (1.0 for greedy rollouts of this target, up to near-ties of batched numerics)."""
-    from safetensors.torch import save_file
-
-    if not 1 <= int(k) <= 64:
-        raise SettingsError("--topk must be between 1 and 64")
-    if batch_tokens < 1:
-        raise SettingsError("--batch-tokens must be at least 1")
+    _check_settings(k, batch_tokens)
     folder = Path(folder)
-    rs = RolloutSet(folder)
-    if not len(rs):
-        raise SpecvizError(f"{folder} holds no rollouts (no manifest rows)")
+    rs = _open_rollouts(folder)
     _check_meta(folder, {"topk": int(k), "model": model_name or target.name})
-    by_shard: dict[str, list[int]] = {}
-    for i, r in enumerate(rs.rows):
-        by_shard.setdefault(r["shard"], []).append(i)
-    todo = [s for s in by_shard if not (folder / sidecar_name(s)).is_file()]
-    bar = None
-    if show_bar:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(todo), desc=f"soft labels {folder.name}", unit="shard")
+    by_shard, todo = _pending_shards(rs, folder)
+    bar = step_bar(show_bar, len(todo), f"soft labels {folder.name}", unit="shard")
     t0, ntok, agree, judged = time.perf_counter(), 0, 0, 0
     for n, shard in enumerate(todo):
-        rows = by_shard[shard]
-        seqs = [rs.tokens(i).tolist() for i in rows]
-        tensors = {}
-        for part in token_batches([len(q) for q in seqs], batch_tokens):
-            for j, (ids, p) in zip(part, topk_rows(target, [seqs[j] for j in part], k)):
-                name = rs.rows[rows[j]]["name"]
-                tensors[f"{name}.topk_ids"], tensors[f"{name}.topk_p"] = ids, p
-                plen = int(rs.rows[rows[j]]["prompt_len"])
-                nxt = torch.tensor(seqs[j][plen:])
-                agree += int((ids[plen - 1:-1, 0].long() == nxt).sum())
-                judged += len(nxt)
-                ntok += len(seqs[j])
-        tmp = folder / (sidecar_name(shard) + ".tmp")
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
-        os.replace(tmp, folder / sidecar_name(shard))
+        tensors, t, a, j = _shard_topk(target, rs, by_shard[shard], k, batch_tokens)
+        ntok, agree, judged = ntok + t, agree + a, judged + j
+        _write_sidecar(folder, shard, tensors)
         if bar is not None:
             bar.update(1)
             bar.set_postfix_str(f"{ntok / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
