@@ -36,46 +36,75 @@ class SourceArbitration:
         adaptive control switched off is skipped (the semantic embeddings are caught up
         later)."""
         self.index.sync(tokens)
-        L = len(tokens)
-        eos = self.eos_token_ids
-        best_n, lex = lexical_candidates(self.index, length, eos, self.max_ngram, self.min_ngram)
+        best_n, lex = lexical_candidates(self.index, length, self.eos_token_ids, self.max_ngram,
+                                         self.min_ngram)
         if best_n >= 2:
-            source = "lex3" if best_n >= 3 else "lex2"
-            hist = self._rival(tokens, length, round_index, source, best_n, lex)
-            if hist is not None:
-                return "hist", "history", [hist] + lex, [L - int(hist.ngram), L]
-            return source, "lexical", lex, [L - best_n, L]
-        top_k = max(1, self.max_branches)
+            return self._long_match(tokens, length, round_index, best_n, lex)
+        opts, lex1 = self._one_token_options(tokens, length, round_index, best_n, lex)
+        if opts:
+            return self._best_option(opts, lex, lex1, round_index)
+        return self._unaligned(tokens, length, round_index) or ("", "none", [], None)
+
+    def _long_match(self, tokens: Sequence[int], length: int, round_index: int, best_n: int,
+                    lex: list[Candidate]) -> tuple[str, str, list[Candidate], list[int]]:
+        """A lexical match of >= 2 tokens (``lex2`` / ``lex3``), or the history store's chain
+        before it where that is the more probable (``_rival``)."""
+        L = len(tokens)
+        source = "lex3" if best_n >= 3 else "lex2"
+        hist = self._rival(tokens, length, round_index, source, best_n, lex)
+        if hist is not None:
+            return "hist", "history", [hist] + lex, [L - int(hist.ngram), L]
+        return source, "lexical", lex, [L - best_n, L]
+
+    def _one_token_options(self, tokens: Sequence[int], length: int, round_index: int,
+                           best_n: int, lex: list[Candidate]
+                           ) -> tuple[list[tuple], list[Candidate]]:
+        """((source key, kind, candidates, suffix) of each source that goes on one token of
+        context and proposes something -- aligned semantic windows, the history store, the
+        1-gram copy --, the 1-gram candidates among them)."""
+        L = len(tokens)
         sem: list[Candidate] = []
         if best_n == 1 and self.windex is not None and self._usable("sem", round_index):
             sem = semantic_lookup.semantic_candidates(
-                self.windex, tokens, length, top_k, self.sim_threshold, eos, aligned=True,
-                index=self.index)
+                self.windex, tokens, length, max(1, self.max_branches), self.sim_threshold,
+                self.eos_token_ids, aligned=True, index=self.index)
         hist = self._history_candidate(tokens, length, round_index)
         lex1 = lex if best_n == 1 and (self.shadow or not (sem or hist)) else []
         opts = [o for o in (("sem", "semantic", sem, [L - self.window, L]),
                             ("hist", "history", [hist] if hist else [],
                              [L - int(hist.ngram), L] if hist else None),
                             ("lex1", "lexical", lex1, [L - 1, L])) if o[2]]
-        if opts:
-            # the best first-token record in this run goes first (ties: this order), the others
-            # become alternatives and are scored on the round's committed tokens (observe)
-            best = max(opts, key=lambda o: self.source_stats(stats_key(o[0], o[2]),
-                                                             round_index).a1)
-            rest = [o for o in opts if o is not best]
-            if self.shadow:
-                self._shadow = [(stats_key(o[0], o[2]), list(o[2][0].tokens)) for o in rest]
-            source, kind, cands, suffix = best
-            alts = [c for o in rest for c in o[2]]
-            if source == "hist" and not lex1:   # shadow off: the 1-gram copies stay alternatives
-                alts += lex
-            return source, kind, cands + alts, suffix
-        if self.windex is not None and self._usable("semfree", round_index):
-            sem = semantic_lookup.semantic_candidates(
-                self.windex, tokens, length, top_k, self.free_threshold, eos, aligned=False)
-            if sem:
-                return "semfree", "semantic", sem, [L - self.window, L]
-        return "", "none", [], None
+        return opts, lex1
+
+    def _best_option(self, opts: list[tuple], lex: list[Candidate], lex1: list[Candidate],
+                     round_index: int) -> tuple[str, str, list[Candidate], list[int] | None]:
+        """The option with the best first-token record in this run goes first (ties: the
+        options' order); the others become alternatives and are scored on the round's committed
+        tokens (``shadow``, observe)."""
+        best = max(opts, key=lambda o: self.source_stats(stats_key(o[0], o[2]),
+                                                         round_index).a1)
+        rest = [o for o in opts if o is not best]
+        if self.shadow:
+            self._shadow = [(stats_key(o[0], o[2]), list(o[2][0].tokens)) for o in rest]
+        source, kind, cands, suffix = best
+        alts = [c for o in rest for c in o[2]]
+        if source == "hist" and not lex1:   # shadow off: the 1-gram copies stay alternatives
+            alts += lex
+        return source, kind, cands + alts, suffix
+
+    def _unaligned(self, tokens: Sequence[int], length: int, round_index: int
+                   ) -> tuple[str, str, list[Candidate], list[int]] | None:
+        """(semantic on) windows above the higher unaligned threshold (``semfree``: no shared
+        last token); None where there are none or the source is paused."""
+        if self.windex is None or not self._usable("semfree", round_index):
+            return None
+        sem = semantic_lookup.semantic_candidates(
+            self.windex, tokens, length, max(1, self.max_branches), self.free_threshold,
+            self.eos_token_ids, aligned=False)
+        if not sem:
+            return None
+        L = len(tokens)
+        return "semfree", "semantic", sem, [L - self.window, L]
 
     def _rival(self, tokens: Sequence[int], length: int, round_index: int, source: str,
                best_n: int, lex: list[Candidate]) -> Candidate | None:

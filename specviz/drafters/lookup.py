@@ -127,21 +127,28 @@ def lexical_candidates(index: NgramIndex, length: int, eos: set[int] | frozenset
     from the longest matched n down to ``min_ngram``; identical continuations are merged (their
     votes add up). Score = 0.5 n/max_ngram + 0.2 recency + 0.3 votes, votes being the fraction
     of examined matches whose continuation starts with the same one/two tokens."""
+    L = len(index.tokens)
+    top = index.max_n if max_ngram is None else max_ngram
+    lo = index.min_n if min_ngram is None else min_ngram
+    best_n, raw = _suffix_matches(index, length, eos, min(top, L - 1), lo)
+    if not raw:
+        return 0, []
+    return best_n, _absorb_prefixes(_ranked(raw, L, max(1, top)))
+
+
+def _suffix_matches(index: NgramIndex, length: int, eos, hi: int, lo: int
+                    ) -> tuple[int, list[tuple[int, int, list[int]]]]:
+    """(longest n with a continuation or 0, (n, end, continuation) per match): the suffix
+    n-grams from ``hi`` down to ``lo``, each end examined once (by its longest n), most recent
+    first; matches with an empty continuation are left out."""
     toks = index.tokens
     L = len(toks)
-    hi = min(index.max_n if max_ngram is None else max_ngram, L - 1)
-    lo = index.min_n if min_ngram is None else min_ngram
     best_n = 0
     raw: list[tuple[int, int, list[int]]] = []   # (n, end, continuation)
     seen_ends: set[int] = set()
     for n in range(hi, lo - 1, -1):
-        ends = index.grams.get(tuple(toks[L - n:]))
-        if not ends:
-            continue
-        cut = bisect_left(ends, L)                # drop the current position itself
-        usable = ends[max(0, cut - MAX_MATCHES_PER_NGRAM):cut]
         found = False
-        for e in reversed(usable):
+        for e in reversed(_recent_ends(index.grams.get(tuple(toks[L - n:])), L)):
             if e in seen_ends:
                 continue
             seen_ends.add(e)
@@ -151,18 +158,35 @@ def lexical_candidates(index: NgramIndex, length: int, eos: set[int] | frozenset
                 found = True
         if found and not best_n:
             best_n = n
-    if not raw:
-        return 0, []
+    return best_n, raw
+
+
+def _recent_ends(ends: list[int] | None, L: int) -> list[int]:
+    """The most recent ``MAX_MATCHES_PER_NGRAM`` of a sorted ``ends`` list, the current
+    position ``L`` itself dropped."""
+    if not ends:
+        return []
+    cut = bisect_left(ends, L)                # drop the current position itself
+    return ends[max(0, cut - MAX_MATCHES_PER_NGRAM):cut]
+
+
+def _vote_shares(raw: list[tuple[int, int, list[int]]]) -> list[float]:
+    """Per match: the mean of the shares of matches whose continuation starts with the same
+    first token and with the same first two tokens."""
     first: dict[int, int] = {}
     first2: dict[tuple[int, ...], int] = {}
     for _, _, c in raw:
         first[c[0]] = first.get(c[0], 0) + 1
         first2[tuple(c[:2])] = first2.get(tuple(c[:2]), 0) + 1
     total = len(raw)
-    norm_n = max(1, index.max_n if max_ngram is None else max_ngram)
+    return [(first[c[0]] + first2[tuple(c[:2])]) / (2.0 * total) for _, _, c in raw]
+
+
+def _ranked(raw: list[tuple[int, int, list[int]]], L: int, norm_n: int) -> list[Candidate]:
+    """The matches scored and merged by continuation (votes add up; the best-scoring match's
+    span and n stay), best first (ties: the most recent)."""
     merged: dict[tuple[int, ...], Candidate] = {}
-    for n, e, c in raw:
-        votes = (first[c[0]] + first2[tuple(c[:2])]) / (2.0 * total)
+    for (n, e, c), votes in zip(raw, _vote_shares(raw)):
         recency = 1.0 / (1.0 + (L - e) / RECENCY_SCALE)
         score = W_NGRAM * n / norm_n \
             + W_RECENCY * recency + W_VOTES * votes
@@ -174,10 +198,13 @@ def lexical_candidates(index: NgramIndex, length: int, eos: set[int] | frozenset
             old.votes += 1
             if score > old.score:
                 old.score, old.span, old.ngram = score, (e - n, e), n
-    ranked = sorted(merged.values(), key=lambda c: (-c.score, -c.span[1]))
-    # A continuation cut short (by an EOS) is extended by a match predicting the same tokens
-    # and more (same prediction, more tokens to draft), keeping the better score and adding
-    # the votes.
+    return sorted(merged.values(), key=lambda c: (-c.score, -c.span[1]))
+
+
+def _absorb_prefixes(ranked: list[Candidate]) -> list[Candidate]:
+    """A continuation cut short (by an EOS) is extended by a match predicting the same tokens
+    and more (same prediction, more tokens to draft), keeping the better score and adding the
+    votes; a prefix of a better candidate adds nothing and is dropped."""
     cands: list[Candidate] = []
     for c in ranked:
         for k in cands:
@@ -189,4 +216,4 @@ def lexical_candidates(index: NgramIndex, length: int, eos: set[int] | frozenset
                 break          # a prefix of a better candidate: adds nothing
         else:
             cands.append(c)
-    return best_n, cands
+    return cands
