@@ -20,29 +20,31 @@ Output folder: ``config.json`` + ``model.safetensors`` in the published layout
 optimizer, scheduler, step, RNG) for ``--resume``; ``train_log.jsonl`` records loss and eval tau.
 
 Eval: the exact simulated tau on the eval split (:mod:`.simulated_tau`). The batched block
-forward lives in :mod:`.block_forward`, the schedule/order/log plumbing in :mod:`.loop`.
+forward lives in :mod:`.block_forward`, the schedule/order/log plumbing in :mod:`.loop`, the
+run's set-up (data checks, fresh/continued/resumed drafter, draft vocabulary, optimizer) in
+:mod:`.dflash_setup`.
 """
 from __future__ import annotations
 
 import copy
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from ..drafters.dflash import MAX_BLOCK_SIZE, DFlashDraftModel, new_dflash_for_target
+from ..drafters.dflash import MAX_BLOCK_SIZE, DFlashDraftModel
 from ..errors import SettingsError, SpecvizError
 from .block_forward import anchor_hidden
-from .loop import ShuffledOrder, append_log, lr_lambda, step_bar
-from .rollout_store import RolloutSet, read_meta
+from .dflash_setup import (STATE_NAME, draft_vocabulary, make_optimizer, model_and_state,
+                           run_data)
+from .loop import ShuffledOrder, append_log, step_bar
+from .rollout_store import RolloutSet
 from .simulated_tau import simulated_tau
-from .train_data import TrainData, reply_vocab
-
-STATE_NAME = "train_state.pt"
+from .train_data import TrainData
 
 
 @dataclass
@@ -126,20 +128,40 @@ def sequence_loss(model, target, tokens, hidden, prompt_len: int, n_anchors: int
     ``soft`` (the sequence's top-k, :mod:`.soft_labels`) with ``soft_weight`` lam > 0: each
     valid slot's loss is (1 - lam) * CE + lam * soft CE against the target's top-k."""
     from .prefill import block_labels
-    from .soft_labels import slot_soft_targets, soft_ce
 
-    T = int(tokens.shape[0])
-    lo, hi = max(0, prompt_len - 1), T - 2
-    if hi < lo:
+    anchors = _random_anchors(int(tokens.shape[0]), prompt_len, n_anchors, rng)
+    if anchors is None:
         z = torch.zeros(())
         return z, z
-    cand = list(range(lo, hi + 1))
-    picks = sorted(rng.sample(cand, min(n_anchors, len(cand))))
-    anchors = torch.tensor(picks)
     B = model.block_size
     labels, valid = block_labels(tokens, greedy, anchors, B)
-    head = target.model.get_output_embeddings()
     h = anchor_hidden(model, target, tokens, hidden, anchors)
+    logits, labels, vocab = _slot_logits(target, h, labels, valid, vocab, vocab_weight)
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                         reduction="none").view_as(valid)
+    if soft is not None and soft_weight > 0:
+        ce = _with_soft_labels(ce, logits, soft, anchors, B, vocab, soft_weight)
+    w = weights.view(1, -1).expand_as(valid) * valid
+    w = w.to(ce.device)
+    return (ce * w).sum(), w.sum()
+
+
+def _random_anchors(T: int, prompt_len: int, n_anchors: int, rng: random.Random
+                    ) -> torch.Tensor | None:
+    """Up to ``n_anchors`` sorted random anchors in [prompt_len-1, T-2] (None: no room)."""
+    lo, hi = max(0, prompt_len - 1), T - 2
+    if hi < lo:
+        return None
+    cand = list(range(lo, hi + 1))
+    return torch.tensor(sorted(rng.sample(cand, min(n_anchors, len(cand)))))
+
+
+def _slot_logits(target, h: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
+                 vocab: torch.Tensor | None, vocab_weight: torch.Tensor | None):
+    """(slot logits [K, B-1, V], labels on their device, ``vocab`` on the head's device) over
+    the frozen LM head: every word, or the sampled softmax over the rows ``vocab`` (the labels
+    become indices into it; a valid label outside it is an error)."""
+    head = target.model.get_output_embeddings()
     if vocab is None:
         logits = head(h.to(head.weight.dtype)).float()                        # [K, B-1, V]
     else:
@@ -152,15 +174,15 @@ def sequence_loss(model, target, tokens, hidden, prompt_len: int, n_anchors: int
         if vocab_weight is None:
             vocab_weight = head.weight[vocab]
         logits = F.linear(h.to(head.weight.dtype), vocab_weight).float()
-    labels = labels.to(logits.device)
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                         reduction="none").view_as(valid)
-    if soft is not None and soft_weight > 0:
-        ids, p = slot_soft_targets(soft, anchors, B)
-        ce = (1.0 - soft_weight) * ce + soft_weight * soft_ce(logits, ids, p, vocab)
-    w = weights.view(1, -1).expand_as(valid) * valid
-    w = w.to(ce.device)
-    return (ce * w).sum(), w.sum()
+    return logits, labels.to(logits.device), vocab
+
+
+def _with_soft_labels(ce, logits, soft, anchors, B: int, vocab, soft_weight: float):
+    """Each slot's loss as (1 - lam) * CE + lam * soft CE against the target's top-k."""
+    from .soft_labels import slot_soft_targets, soft_ce
+
+    ids, p = slot_soft_targets(soft, anchors, B)
+    return (1.0 - soft_weight) * ce + soft_weight * soft_ce(logits, ids, p, vocab)
 
 
 # --------------------------------------------------------------------------- the loop
@@ -181,78 +203,6 @@ def _save(model, opt, sched, step: int, cfg: TrainConfig, out: Path, rng: random
                 "scheduler": sched.state_dict(), "train_config": asdict(cfg),
                 "rng": rng.getstate(), "draft_vocab": model.draft_vocab}, tmp)
     tmp.replace(out / STATE_NAME)
-
-
-def _continue_from(folder: str, fresh: DFlashDraftModel) -> DFlashDraftModel:
-    """The weights of the checkpoint in ``folder`` (strict), which must have the run's shape."""
-    from ..drafters.dflash import load_dflash_checkpoint
-
-    old = load_dflash_checkpoint(folder)
-    if (old.block_size, len(old.layers), old.target_layer_ids) != \
-            (fresh.block_size, len(fresh.layers), fresh.target_layer_ids):
-        raise SpecvizError(f"--init {folder} has block size {old.block_size}, {len(old.layers)} "
-                           f"layers, target layers {old.target_layer_ids}; this run wants "
-                           f"{fresh.block_size}, {len(fresh.layers)}, {fresh.target_layer_ids}")
-    return old
-
-
-def _check_rollouts(target, meta: dict, rollouts_dir, train_set: "TrainData") -> None:
-    """Clear errors for an empty training set or rollouts made with another target."""
-    if not len(train_set):
-        raise SpecvizError(f"{rollouts_dir} has no train rollouts and no --prefill data given")
-    tc = getattr(target.model.config, "text_config", None) or target.model.config
-    if int(meta["hidden_size"]) != int(tc.hidden_size) or \
-            int(meta["num_target_layers"]) != int(tc.num_hidden_layers):
-        raise SpecvizError(f"the rollouts were made with another target ({meta.get('model')}): "
-                           "hidden size / layer count differ")
-
-
-def _resumed(state_path: Path, cfg: TrainConfig, out: Path, rng: random.Random
-             ) -> tuple[DFlashDraftModel, dict, int]:
-    """(model, saved state, step) of an interrupted run; ``rng`` gets its saved state."""
-    st = torch.load(state_path, map_location="cpu", weights_only=False)
-    model = DFlashDraftModel(st["config"])
-    model.load_state_dict(st["model"], strict=True)
-    old = st["train_config"]
-    if int(old["block_size"]) != cfg.block_size or int(old["num_layers"]) != cfg.num_layers:
-        raise SpecvizError(f"{out} was trained with block size {old['block_size']} and "
-                           f"{old['num_layers']} layers; resume with the same settings")
-    rng.setstate(st["rng"])
-    model.draft_vocab = st.get("draft_vocab")
-    if model.draft_vocab is None and Path(cfg.init).is_dir():
-        # a state saved before it kept the draft vocabulary: a continued drafter's earlier
-        # words come from the checkpoint it continued (else a resume would drop them)
-        from ..drafters.dflash import load_dflash_checkpoint
-
-        model.draft_vocab = load_dflash_checkpoint(cfg.init).draft_vocab
-    return model, st, int(st["step"])
-
-
-def _fresh(target, cfg: TrainConfig, meta: dict) -> DFlashDraftModel:
-    """A new drafter for ``target``: random, from the target's top layers, or continued."""
-    model = new_dflash_for_target(target, num_layers=cfg.num_layers, block_size=cfg.block_size,
-                                  target_layer_ids=list(meta["target_layer_ids"]),
-                                  intermediate_size=cfg.intermediate_size, seed=cfg.seed)
-    if cfg.init == "target":
-        from ..drafters.dflash import init_from_target
-
-        init_from_target(model, target)
-    elif cfg.init != "random":
-        model = _continue_from(cfg.init, model)
-    return model
-
-
-def _draft_vocabulary(model: DFlashDraftModel, train_set: "TrainData", cfg: TrainConfig
-                      ) -> torch.Tensor | None:
-    """The words the drafter is trained on (every reply token, plus the words a continued
-    drafter had); they become its draft vocabulary (saved with it, used at inference and by the
-    tau estimate) -- words outside it are never proposed. None: full-vocabulary softmax."""
-    active = reply_vocab(train_set) if cfg.negatives >= 0 else None
-    prior = getattr(model, "draft_vocab", None)
-    if active is not None and prior is not None:
-        active = torch.unique(torch.cat([active, prior.to(active)]))
-    model.draft_vocab = None if active is None else active.clone()
-    return active
 
 
 def _batch_loss(model, target, cfg: TrainConfig, batcher: ShuffledOrder,
@@ -290,28 +240,6 @@ def _step(model, target, cfg: TrainConfig, batcher: ShuffledOrder, weights: torc
     return float(loss.detach()), float(gn)
 
 
-def _model_and_state(target, cfg: TrainConfig, meta: dict, out: Path, resume: bool,
-                     rng: random.Random) -> tuple[DFlashDraftModel, dict | None, int]:
-    """(model, saved state or None, first step): resumed, or fresh (refusing to overwrite)."""
-    state_path = out / STATE_NAME
-    if resume and state_path.is_file():
-        return _resumed(state_path, cfg, out, rng)
-    if state_path.is_file():
-        raise SpecvizError(f"{out} already holds a training run: pass --resume or another --out")
-    return _fresh(target, cfg, meta), None, 0
-
-
-def _optimizer(model, cfg: TrainConfig, st: dict | None):
-    """(trainable params, AdamW, LambdaLR), restored from a resumed state ``st``."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
-    if st is not None:
-        opt.load_state_dict(st["optimizer"])
-        sched.load_state_dict(st["scheduler"])
-    return params, opt, sched
-
-
 def _eval_record(model, target, eval_set: RolloutSet, cfg: TrainConfig, step: int):
     """(simulated-tau result, log record) on the eval split, or (None, None) when it is empty."""
     if not len(eval_set):
@@ -320,83 +248,129 @@ def _eval_record(model, target, eval_set: RolloutSet, cfg: TrainConfig, step: in
     return res, {"step": step, "eval_tau": round(res["tau"], 4), "eval_rollouts": res["rollouts"]}
 
 
+@dataclass
+class _Run:
+    """What the phases of :func:`train_dflash` share: the drafter, its optimizer, the run's RNG,
+    folder and rollouts' meta, and what the run has recorded so far."""
+    model: DFlashDraftModel
+    params: list
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LambdaLR
+    rng: random.Random
+    out: Path
+    meta: dict
+    start: int
+    log: Callable[[dict], None] | None = None
+    history: list = field(default_factory=list)
+    last_eval: dict | None = None
+    ema: float | None = None
+
+    def emit(self, rec: dict, to_file: bool = True) -> None:
+        """``rec`` to train_log.jsonl (``to_file``) and to the caller's ``log``."""
+        if to_file:
+            append_log(self.out, rec)
+        if self.log:
+            self.log(rec)
+
+
 def train_dflash(target, rollouts_dir: str | Path, out: str | Path, cfg: TrainConfig,
                  resume: bool = False, show_bar: bool = False,
                  log: Callable[[dict], None] | None = None, prefill: list | tuple = ()) -> dict:
     """Train (or resume) a DFlash drafter for ``target`` on the train rollouts in
     ``rollouts_dir`` plus the prefill-labelled folders ``prefill``; eval on its eval split."""
     cfg.validate()
-    meta, train_set, eval_set = _data(target, rollouts_dir, prefill, cfg)
-    out = Path(out)
+    meta, train_set, eval_set = run_data(target, rollouts_dir, prefill, cfg)
+    run = _set_up(target, cfg, meta, Path(out), resume, log)
+    active = draft_vocabulary(run.model, train_set, cfg)
+    run.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    _step_loop(run, target, cfg, train_set, eval_set, active, show_bar)
+    el = time.perf_counter() - t0
+    _finish(run, target, cfg, eval_set)
+    return _summary(run, cfg, el, train_set, eval_set, active)
+
+
+def _set_up(target, cfg: TrainConfig, meta: dict, out: Path, resume: bool, log) -> _Run:
+    """The run: its drafter (resumed or fresh) in float32 on the target's device, training, and
+    its optimizer; refuses a target that is not float32 on CPU."""
     rng = random.Random(cfg.seed)
-    model, st, start = _model_and_state(target, cfg, meta, out, resume, rng)
+    model, st, start = model_and_state(target, cfg, meta, out, resume, rng)
     model = model.to(device=target.device, dtype=torch.float32).train().requires_grad_(True)
     head = target.model.get_output_embeddings()
     if head.weight.dtype != torch.float32 and str(target.device) == "cpu":
         raise SpecvizError("train the drafter with a float32 target on CPU")
-    params, opt, sched = _optimizer(model, cfg, st)
+    params, opt, sched = make_optimizer(model, cfg, st)
+    return _Run(model, params, opt, sched, rng, out, meta, start, log)
+
+
+def _step_loop(run: _Run, target, cfg: TrainConfig, train_set: TrainData, eval_set: RolloutSet,
+               active: torch.Tensor | None, show_bar: bool) -> None:
+    """The steps from ``run.start``, each over a fresh sampled softmax of ``active`` (when
+    restricted); a step without a valid slot records, evaluates and saves nothing."""
     weights = slot_weights(cfg.block_size, cfg.gamma)
-    active = _draft_vocabulary(model, train_set, cfg)
-    vgen = torch.Generator().manual_seed(cfg.seed + start)
+    vocab_size = int(target.model.get_output_embeddings().weight.shape[0])
+    vgen = torch.Generator().manual_seed(cfg.seed + run.start)
     save_every = cfg.save_every or cfg.eval_every or cfg.steps
-    out.mkdir(parents=True, exist_ok=True)
-    bar = step_bar(show_bar, cfg.steps, "dflash", start)
-    history, last_eval, ema = [], None, None
-    batcher = ShuffledOrder(train_set, rng)
-    t0 = time.perf_counter()
-
-    def emit(rec, to_file=True):
-        if to_file:
-            append_log(out, rec)
-        if log:
-            log(rec)
-
-    for step in range(start, cfg.steps):
-        vocab = None if active is None else step_vocab(active, int(head.weight.shape[0]),
-                                                       cfg.negatives, vgen)
-        done_step = _step(model, target, cfg, batcher, weights, vocab, params, opt, sched)
+    bar = step_bar(show_bar, cfg.steps, "dflash", run.start)
+    batcher = ShuffledOrder(train_set, run.rng)
+    for step in range(run.start, cfg.steps):
+        vocab = None if active is None else step_vocab(active, vocab_size, cfg.negatives, vgen)
+        done_step = _step(run.model, target, cfg, batcher, weights, vocab, run.params, run.opt,
+                          run.sched)
         if done_step is None:
             continue
-        lv, gn = done_step
-        ema = lv if ema is None else 0.9 * ema + 0.1 * lv
-        history.append(lv)
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix_str(f"loss {ema:.3f}"
-                                + (f" tau {last_eval['tau']:.2f}" if last_eval else ""))
-        emit({"step": step + 1, "loss": round(lv, 5), "lr": sched.get_last_lr()[0],
-              "grad_norm": round(gn, 4)}, (step + 1) % 10 == 0 or step + 1 == cfg.steps)
-        if cfg.eval_every and (step + 1) % cfg.eval_every == 0:
-            last_eval, rec = _eval_record(model, target, eval_set, cfg, step + 1)
-            if rec:
-                emit(rec)
-        if (step + 1) % save_every == 0 or step + 1 == cfg.steps:
-            _save(model, opt, sched, step + 1, cfg, out, rng, meta)
+        _record_step(run, bar, cfg, step + 1, *done_step)
+        _eval_and_save(run, target, cfg, eval_set, step + 1, save_every)
     if bar is not None:
         bar.close()
-    el = time.perf_counter() - t0
-    done = cfg.steps - start
-    if last_eval is None or (cfg.eval_every and cfg.steps % cfg.eval_every):
-        res, rec = _eval_record(model, target, eval_set, cfg, cfg.steps)
+
+
+def _record_step(run: _Run, bar, cfg: TrainConfig, step: int, lv: float, gn: float) -> None:
+    """The step's loss in the history, its running mean on the bar, its record to ``log`` (and
+    every 10th step's and the last's to train_log.jsonl)."""
+    run.ema = lv if run.ema is None else 0.9 * run.ema + 0.1 * lv
+    run.history.append(lv)
+    if bar is not None:
+        bar.update(1)
+        bar.set_postfix_str(f"loss {run.ema:.3f}"
+                            + (f" tau {run.last_eval['tau']:.2f}" if run.last_eval else ""))
+    run.emit({"step": step, "loss": round(lv, 5), "lr": run.sched.get_last_lr()[0],
+              "grad_norm": round(gn, 4)}, step % 10 == 0 or step == cfg.steps)
+
+
+def _eval_and_save(run: _Run, target, cfg: TrainConfig, eval_set: RolloutSet, step: int,
+                   save_every: int) -> None:
+    """The simulated-tau eval every ``cfg.eval_every`` steps; the checkpoint and train state
+    every ``save_every`` steps and at the last."""
+    if cfg.eval_every and step % cfg.eval_every == 0:
+        run.last_eval, rec = _eval_record(run.model, target, eval_set, cfg, step)
         if rec:
-            last_eval = res
-            emit(rec)
-    if done <= 0:
-        _save(model, opt, sched, cfg.steps, cfg, out, rng, meta)
-    return {"out": str(out), "steps": cfg.steps, "steps_run": done, "seconds": el,
+            run.emit(rec)
+    if step % save_every == 0 or step == cfg.steps:
+        _save(run.model, run.opt, run.sched, step, cfg, run.out, run.rng, run.meta)
+
+
+def _finish(run: _Run, target, cfg: TrainConfig, eval_set: RolloutSet) -> None:
+    """The closing eval (unless the last step had one) and, when no step was left to run, the
+    checkpoint."""
+    if run.last_eval is None or (cfg.eval_every and cfg.steps % cfg.eval_every):
+        res, rec = _eval_record(run.model, target, eval_set, cfg, cfg.steps)
+        if rec:
+            run.last_eval = res
+            run.emit(rec)
+    if cfg.steps - run.start <= 0:
+        _save(run.model, run.opt, run.sched, cfg.steps, cfg, run.out, run.rng, run.meta)
+
+
+def _summary(run: _Run, cfg: TrainConfig, el: float, train_set: TrainData,
+             eval_set: RolloutSet, active: torch.Tensor | None) -> dict:
+    """The run's result: steps run and speed, losses, last eval, data and vocabulary sizes."""
+    done = cfg.steps - run.start
+    history = run.history
+    return {"out": str(run.out), "steps": cfg.steps, "steps_run": done, "seconds": el,
             "steps_per_s": done / el if el > 0 and done else 0.0,
             "loss_first": history[0] if history else None,
             "loss_last": history[-1] if history else None, "losses": history,
-            "eval": last_eval, "train_rollouts": len(train_set), "eval_rollouts": len(eval_set),
+            "eval": run.last_eval, "train_rollouts": len(train_set),
+            "eval_rollouts": len(eval_set),
             "active_vocab": None if active is None else int(active.numel())}
-
-
-def _data(target, rollouts_dir, prefill, cfg: TrainConfig):
-    """(meta, train data, eval split) of a run, checked against the target and the settings."""
-    meta = read_meta(rollouts_dir)
-    train_set = TrainData(rollouts_dir, prefill)
-    if cfg.soft_weight > 0:
-        train_set.check_soft()
-    eval_set = RolloutSet(rollouts_dir, split="eval")
-    _check_rollouts(target, meta, rollouts_dir, train_set)
-    return meta, train_set, eval_set

@@ -39,7 +39,7 @@ from ..analysis.edr import evaluate, greedy_acceptance, occupancy, values
 from ..errors import SettingsError, SpecvizError
 from .block_forward import block_embeddings, forward_blocks, sequence_context
 from .dflash_train import _save, slot_weights
-from .loop import append_log, lr_lambda, step_bar
+from .loop import ShuffledOrder, append_log, lr_lambda, step_bar
 from .objectives import acceptance_from_probs, check_objective, round_terms, survival_surrogate
 from .rollout_store import RolloutSet
 
@@ -196,74 +196,137 @@ def offline_edr(model, target, rollouts: RolloutSet, limit: int) -> dict:
             "per_rollout": per}
 
 
+@dataclass
+class _Run:
+    """What the phases of :func:`finetune` share: the drafter, its optimizer, the training
+    rollouts in shuffled order and the run's random sources."""
+    model: torch.nn.Module
+    params: list
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LambdaLR
+    batcher: ShuffledOrder
+    gen: torch.Generator
+    weights: torch.Tensor
+
+
 def finetune(target, model, rollouts_dir, eval_dir, out, cfg: EDRTrainConfig,
              show_bar: bool = False) -> dict:
     """Fine-tune ``model`` (a DFlashDraftModel, modified in place) with ``cfg.objective``."""
     cfg.validate()
+    train, ev = _finetune_data(rollouts_dir, eval_dir)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    run = _set_up(model, train, cfg)
+    bar = step_bar(show_bar, cfg.steps, f"finetune ({cfg.objective})")
+    t0 = time.perf_counter()
+    evals = [] if ev is None else [_eval_record(run, target, ev, cfg, 0, out)]
+    hist = _step_loop(run, target, ev, cfg, out, bar, evals)
+    if bar is not None:
+        bar.close()
+    acceptance = _save_run(run, train, cfg, out, evals)
+    return {"out": str(out), "losses": hist, "evals": evals, "acceptance": acceptance,
+            "seconds": time.perf_counter() - t0}
+
+
+def _finetune_data(rollouts_dir, eval_dir) -> tuple[RolloutSet, RolloutSet | None]:
+    """(train rollouts, eval split or None when absent or empty); an error without train
+    rollouts."""
     train = RolloutSet(rollouts_dir, split="train")
     if not len(train):
         raise SpecvizError(f"{rollouts_dir} has no train rollouts")
     ev = RolloutSet(eval_dir, split="eval") if eval_dir else None
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    model = model.float().train().requires_grad_(True)
-    params = [p for p in model.parameters() if p.requires_grad]
-    # a new DSpark Markov head starts at zero: it gets a larger step than the trained backbone
+    return train, (ev if ev is not None and len(ev) else None)
+
+
+def _optimizer(model, cfg: EDRTrainConfig):
+    """(AdamW, LambdaLR); a new DSpark Markov head starts at zero: it gets a larger step
+    (``cfg.head_lr_scale``) than the trained backbone."""
     head = [p for n, p in model.named_parameters() if n.startswith("markov_")]
     rest = [p for n, p in model.named_parameters() if not n.startswith("markov_")]
     groups = [{"params": rest}] + ([{"params": head, "lr": cfg.lr * cfg.head_lr_scale}]
                                    if head else [])
     opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
+
+
+def _set_up(model, train: RolloutSet, cfg: EDRTrainConfig) -> _Run:
+    """The run: ``model`` in float32 training mode, its optimizer and random sources; records
+    the drafter's block size and layer count in ``cfg`` (for the saved record)."""
+    model = model.float().train().requires_grad_(True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt, sched = _optimizer(model, cfg)
     rng, gen = random.Random(cfg.seed), torch.Generator().manual_seed(cfg.seed)
     weights = slot_weights(model.block_size, cfg.gamma)
     cfg.block_size, cfg.num_layers = int(model.block_size), len(model.layers)
-    bar = step_bar(show_bar, cfg.steps, f"finetune ({cfg.objective})")
-    order: list[int] = []
-    hist, evals, t0 = [], [], time.perf_counter()
+    return _Run(model, params, opt, sched, ShuffledOrder(train, rng), gen, weights)
 
-    if ev is not None and len(ev):
-        evals.append({"step": 0, **{k: v for k, v in offline_edr(model, target, ev,
-                                                                  cfg.eval_rollouts).items()
-                                    if k != "per_rollout"}})
-        append_log(out, evals[-1])
+
+def _eval_record(run: _Run, target, ev: RolloutSet, cfg: EDRTrainConfig, step: int,
+                 out: Path) -> dict:
+    """The offline EDR eval at ``step`` (without the per-rollout list), logged."""
+    rec = {"step": step, **{k: v for k, v in offline_edr(run.model, target, ev,
+                                                          cfg.eval_rollouts).items()
+                            if k != "per_rollout"}}
+    append_log(out, rec)
+    return rec
+
+
+def _step_loop(run: _Run, target, ev: RolloutSet | None, cfg: EDRTrainConfig, out: Path, bar,
+               evals: list) -> list:
+    """The ``cfg.steps`` steps (their losses): the loss logged every 10 steps, the offline EDR
+    evaluated every ``cfg.eval_every`` steps and at the last (appended to ``evals``)."""
+    hist = []
     for step in range(cfg.steps):
-        opt.zero_grad(set_to_none=True)
-        tot = 0.0
-        for _ in range(cfg.batch_size):
-            if not order:
-                order = list(range(len(train)))
-                rng.shuffle(order)
-            i = order.pop()
-            t, h, p = train.load(i)
-            if int(t.shape[0]) - p < 2:
-                continue
-            loss = objective_loss_for(cfg, model, target, t, h, p, weights, rng, gen,
-                                      train.target_p(i), train.temperature) / cfg.batch_size
-            loss.backward()
-            tot += float(loss.detach())
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        sched.step()
+        tot = _train_step(run, target, cfg)
         hist.append(tot)
         if bar is not None:
             bar.update(1)
         if (step + 1) % 10 == 0:
             append_log(out, {"step": step + 1, "loss": round(tot, 5)})
-        if ev is not None and len(ev) and cfg.eval_every and \
+        if ev is not None and cfg.eval_every and \
                 ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
-            evals.append({"step": step + 1, **{k: v for k, v in offline_edr(
-                model, target, ev, cfg.eval_rollouts).items() if k != "per_rollout"}})
-            append_log(out, evals[-1])
+            evals.append(_eval_record(run, target, ev, cfg, step + 1, out))
             if bar is not None:
                 bar.set_postfix_str(f"EDR {evals[-1]['expected_rounds']:.1f}")
-    if bar is not None:
-        bar.close()
-    _save(model, opt, sched, cfg.steps, cfg, out, rng, {"model": train.meta.get("model")})
+    return hist
+
+
+def _train_step(run: _Run, target, cfg: EDRTrainConfig) -> float:
+    """One optimizer step over ``cfg.batch_size`` rollouts (grad norm clipped at
+    ``cfg.grad_clip``); the step's loss."""
+    run.opt.zero_grad(set_to_none=True)
+    tot = 0.0
+    for _ in range(cfg.batch_size):
+        tot += _rollout_backward(run, target, cfg)
+    torch.nn.utils.clip_grad_norm_(run.params, cfg.grad_clip)
+    run.opt.step()
+    run.sched.step()
+    return tot
+
+
+def _rollout_backward(run: _Run, target, cfg: EDRTrainConfig) -> float:
+    """Backpropagate the next training rollout's loss / ``cfg.batch_size``; its value (0.0 for
+    a rollout under 2 reply tokens, skipped)."""
+    i = run.batcher.next()
+    train = run.batcher.data
+    t, h, p = train.load(i)
+    if int(t.shape[0]) - p < 2:
+        return 0.0
+    loss = objective_loss_for(cfg, run.model, target, t, h, p, run.weights, run.batcher.rng,
+                              run.gen, train.target_p(i), train.temperature) / cfg.batch_size
+    loss.backward()
+    return float(loss.detach())
+
+
+def _save_run(run: _Run, train: RolloutSet, cfg: EDRTrainConfig, out: Path,
+              evals: list) -> str:
+    """The drafter (and its train state) in ``out`` and ``finetune.json`` (config, evals and
+    the kind of acceptance trained on); that kind, described."""
+    _save(run.model, run.opt, run.sched, cfg.steps, cfg, out, run.batcher.rng,
+          {"model": train.meta.get("model")})
     acceptance = (f"sampled (T={train.temperature:g})" if train.temperature > 0
                   else "relaxed q(y) on greedy rollouts")
     (out / "finetune.json").write_text(json.dumps({"config": asdict(cfg), "evals": evals,
                                                    "acceptance": acceptance},
                                                   indent=2) + "\n")
-    return {"out": str(out), "losses": hist, "evals": evals, "acceptance": acceptance,
-            "seconds": time.perf_counter() - t0}
+    return acceptance

@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -238,79 +238,153 @@ def _untrained_candidate(model, target, fusion, evd, cfg: ReTraceTrainConfig, co
     return {"step": 0, "accepted_fused": ev0["accepted_fused"]}
 
 
+@dataclass
+class _Run:
+    """What the phases of :func:`train_retrace` share: the models, the optimizer, the run's RNG
+    and folder, and what the run has recorded so far."""
+    model: torch.nn.Module
+    fusion: ReTraceFusion
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LambdaLR
+    trained: list
+    rng: random.Random
+    joint: bool
+    out: Path
+    state_path: Path
+    start: int = 0
+    # the best held-out checkpoint (round r+1 accepted with the fusion) is kept in out/best:
+    # early stopping, since the fusion can fit its training rounds and lose on unseen ones
+    best: dict = field(default_factory=lambda: {"step": 0, "accepted_fused": float("-inf")})
+    conf: dict | None = None
+    hist: list = field(default_factory=list)
+    last_eval: dict | None = None
+
+
 def train_retrace(target, backbone_model, backbone: str, data_dirs: list, eval_dir, out,
                   cfg: ReTraceTrainConfig, resume: bool = False, show_bar: bool = False) -> dict:
     """Train (or resume) a ReTrace fusion on ``backbone_model`` (frozen, or fine-tuned jointly
     when ``cfg.backbone_lr > 0``)."""
     cfg.validate()
+    data, evd = _retrace_data(data_dirs, eval_dir)
+    run = _set_up(backbone_model, cfg, Path(out), resume)
+    run.conf = fusion_config(run.fusion, run.model, INCLUDED if run.joint else backbone)
+    if run.start == 0 and evd is not None and cfg.eval_every:
+        run.best = _untrained_candidate(run.model, target, run.fusion, evd, cfg, run.conf,
+                                        run.out)
+    t0 = time.perf_counter()
+    _step_loop(run, target, data, evd, cfg, show_bar)
+    return _summary(run, cfg, data, time.perf_counter() - t0)
+
+
+def _retrace_data(data_dirs: list, eval_dir) -> tuple[TrainData, RolloutSet | None]:
+    """(training sequences of the --data folders, held-out eval split or None when absent or
+    empty); clear errors for no folder or no sequences."""
     if not data_dirs:
         raise SettingsError("give at least one --data folder (rollouts or prefill)")
     data = TrainData(data_dirs[0], list(data_dirs[1:]))
     if not len(data):
         raise SpecvizError("no training sequences in the --data folders")
     ev = RolloutSet(eval_dir, split="eval") if eval_dir else None
-    evd = ev if ev is not None and len(ev) else None
-    out = Path(out)
-    joint = cfg.backbone_lr > 0
-    model = backbone_model.float().eval().requires_grad_(joint)
-    rng = random.Random(cfg.seed)
-    state_path = out / "train_state.pt"
-    fusion = ReTraceFusion(model.hidden_size)
+    return data, (ev if ev is not None and len(ev) else None)
+
+
+def _optimizer(fusion: ReTraceFusion, model, cfg: ReTraceTrainConfig, joint: bool):
+    """(AdamW, LambdaLR, trained params): the fusion at ``cfg.lr``, and jointly the backbone at
+    ``cfg.backbone_lr``."""
     groups = [{"params": list(fusion.parameters())}]
     if joint:
         groups.append({"params": list(model.parameters()), "lr": cfg.backbone_lr})
     opt = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
-    trained = [p for g in groups for p in g["params"]]
-    start = 0
-    # the best held-out checkpoint (round r+1 accepted with the fusion) is kept in out/best:
-    # early stopping, since the fusion can fit its training rounds and lose on unseen ones
-    best = {"step": 0, "accepted_fused": float("-inf")}
+    return opt, sched, [p for g in groups for p in g["params"]]
+
+
+def _set_up(backbone_model, cfg: ReTraceTrainConfig, out: Path, resume: bool) -> _Run:
+    """The run: the backbone (float32, eval mode, trainable only when joint), a new fusion and
+    their optimizer, restored from ``out/train_state.pt`` on ``resume``; refuses to overwrite
+    an earlier run otherwise. Creates ``out``."""
+    joint = cfg.backbone_lr > 0
+    model = backbone_model.float().eval().requires_grad_(joint)
+    rng = random.Random(cfg.seed)
+    state_path = out / "train_state.pt"
+    fusion = ReTraceFusion(model.hidden_size)
+    opt, sched, trained = _optimizer(fusion, model, cfg, joint)
+    run = _Run(model, fusion, opt, sched, trained, rng, joint, out, state_path)
     if resume and state_path.is_file():
-        start, best = _resume(state_path, fusion, model, opt, sched, rng, joint, best)
+        run.start, run.best = _resume(state_path, fusion, model, opt, sched, rng, joint,
+                                      run.best)
     elif state_path.is_file():
         raise SpecvizError(f"{out} already holds a training run: pass --resume or another --out")
     out.mkdir(parents=True, exist_ok=True)
-    conf = fusion_config(fusion, model, INCLUDED if joint else backbone)
-    if start == 0 and evd is not None and cfg.eval_every:
-        best = _untrained_candidate(model, target, fusion, evd, cfg, conf, out)
-    weights = slot_weights(model.block_size, cfg.gamma)
-    bar = step_bar(show_bar, cfg.steps, "retrace", start)
-    batcher = ShuffledOrder(data, rng)
-    hist, last_eval, t0 = [], None, time.perf_counter()
+    return run
 
-    for step in range(start, cfg.steps):
-        tot, wsum = _batch_loss(model, target, fusion, batcher, cfg, weights, joint)
-        if float(wsum) > 0:
-            loss = tot / wsum
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trained, 1.0)
-            opt.step()
-            hist.append(float(loss.detach()))
-        sched.step()
-        if bar is not None:
-            bar.update(1)
-            if hist:
-                bar.set_postfix_str(f"loss {sum(hist[-20:]) / len(hist[-20:]):.3f}")
-        if (step + 1) % 10 == 0 and hist:
-            append_log(out, {"step": step + 1, "loss": round(hist[-1], 5)})
-        if evd is not None and cfg.eval_every and ((step + 1) % cfg.eval_every == 0
-                                                   or step + 1 == cfg.steps):
-            last_eval = evaluate(model, target, fusion, evd, cfg.eval_sequences)
-            append_log(out, {"step": step + 1, **{k: round(v, 4) for k, v in last_eval.items()}})
-            if last_eval["accepted_fused"] > best["accepted_fused"]:
-                best = {"step": step + 1, "accepted_fused": last_eval["accepted_fused"]}
-                save_checkpoint(fusion, model, conf, out / BEST_DIR, cfg, step + 1)
-        if (step + 1) % max(1, cfg.eval_every or 50) == 0 or step + 1 == cfg.steps:
-            save_checkpoint(fusion, model, conf, out, cfg, step + 1)
-            torch.save({"step": step + 1, "fusion": fusion.state_dict(),
-                        "backbone": model.state_dict() if joint else None,
-                        "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                        "rng": rng.getstate(), "best": best}, state_path)
+
+def _step_loop(run: _Run, target, data: TrainData, evd, cfg: ReTraceTrainConfig,
+               show_bar: bool) -> None:
+    """The steps from ``run.start``: train, log the loss every 10 steps, evaluate every
+    ``cfg.eval_every`` steps and at the last, checkpoint as often (50 without evals)."""
+    weights = slot_weights(run.model.block_size, cfg.gamma)
+    bar = step_bar(show_bar, cfg.steps, "retrace", run.start)
+    batcher = ShuffledOrder(data, run.rng)
+    for step in range(run.start, cfg.steps):
+        n = step + 1
+        _train_step(run, target, batcher, cfg, weights)
+        _show_step(bar, run.hist)
+        if n % 10 == 0 and run.hist:
+            append_log(run.out, {"step": n, "loss": round(run.hist[-1], 5)})
+        if evd is not None and cfg.eval_every and (n % cfg.eval_every == 0 or n == cfg.steps):
+            _evaluate_and_keep_best(run, target, evd, cfg, n)
+        if n % max(1, cfg.eval_every or 50) == 0 or n == cfg.steps:
+            _save_run(run, cfg, n)
     if bar is not None:
         bar.close()
-    el = time.perf_counter() - t0
-    return {"out": str(out), "steps_run": cfg.steps - start, "seconds": el, "losses": hist,
-            "eval": last_eval, "train_sequences": len(data),
-            "best": best if best["accepted_fused"] > float("-inf") else None}
+
+
+def _train_step(run: _Run, target, batcher: ShuffledOrder, cfg: ReTraceTrainConfig,
+                weights: torch.Tensor) -> None:
+    """One step: the batch's round-r+1 loss backpropagated (grad norm clipped at 1.0) and
+    recorded when any slot was valid; the schedule advances either way."""
+    tot, wsum = _batch_loss(run.model, target, run.fusion, batcher, cfg, weights, run.joint)
+    if float(wsum) > 0:
+        loss = tot / wsum
+        run.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(run.trained, 1.0)
+        run.opt.step()
+        run.hist.append(float(loss.detach()))
+    run.sched.step()
+
+
+def _show_step(bar, hist: list) -> None:
+    """Advance the bar (if shown) and show the mean of the last 20 losses."""
+    if bar is None:
+        return
+    bar.update(1)
+    if hist:
+        bar.set_postfix_str(f"loss {sum(hist[-20:]) / len(hist[-20:]):.3f}")
+
+
+def _evaluate_and_keep_best(run: _Run, target, evd, cfg: ReTraceTrainConfig, step: int) -> None:
+    """The held-out eval, logged; a new best accepted length is saved to out/best."""
+    run.last_eval = evaluate(run.model, target, run.fusion, evd, cfg.eval_sequences)
+    append_log(run.out, {"step": step, **{k: round(v, 4) for k, v in run.last_eval.items()}})
+    if run.last_eval["accepted_fused"] > run.best["accepted_fused"]:
+        run.best = {"step": step, "accepted_fused": run.last_eval["accepted_fused"]}
+        save_checkpoint(run.fusion, run.model, run.conf, run.out / BEST_DIR, cfg, step)
+
+
+def _save_run(run: _Run, cfg: ReTraceTrainConfig, step: int) -> None:
+    """The checkpoint in ``out`` and ``train_state.pt`` (weights, optimizer, schedule, RNG and
+    best record) for ``--resume``."""
+    save_checkpoint(run.fusion, run.model, run.conf, run.out, cfg, step)
+    torch.save({"step": step, "fusion": run.fusion.state_dict(),
+                "backbone": run.model.state_dict() if run.joint else None,
+                "optimizer": run.opt.state_dict(), "scheduler": run.sched.state_dict(),
+                "rng": run.rng.getstate(), "best": run.best}, run.state_path)
+
+
+def _summary(run: _Run, cfg: ReTraceTrainConfig, data: TrainData, seconds: float) -> dict:
+    """The run's result: steps run, time, losses, last eval and best held-out record."""
+    return {"out": str(run.out), "steps_run": cfg.steps - run.start, "seconds": seconds,
+            "losses": run.hist, "eval": run.last_eval, "train_sequences": len(data),
+            "best": run.best if run.best["accepted_fused"] > float("-inf") else None}
