@@ -80,7 +80,6 @@ def cmd_prepare(args) -> int:
 def cmd_run(args) -> int:
     from .drafters import make_drafter
     from .engine import DecodeSettings, Session
-    from .models import load_target
 
     prompt = args.prompt
     if args.prompt_file:
@@ -121,14 +120,30 @@ def cmd_show(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from tqdm.auto import tqdm
-
-    from .bench import check_methods, format_table, load_prompts, run_bench
+    """``specviz bench``: each method (and plain decoding) on each prompt; table and files."""
+    from .bench import check_methods, run_bench
     from .engine import DecodeSettings
-    from .models import load_target
 
     settings = DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               top_p=args.top_p, seed=args.seed).validate()
+    prompts = _bench_prompts(args)
+    methods = [m.strip().lower() for m in args.methods.split(",") if m.strip()]
+    # the registry's checks, before the model loads
+    params = check_methods(methods, _bench_params(args))
+    target = _load_decoding_target(args)
+    bar, progress = _progress_bar(len(prompts) * len(set(methods) | {"ar"}))
+    result = run_bench(target, methods, prompts, settings, method_params=params, progress=progress,
+                       traces_dir=Path(args.out) / "traces" if args.save_traces else None)
+    bar.close()
+    _print_bench(result, result.save(args.out))
+    return 0
+
+
+def _bench_prompts(args) -> list:
+    """The bench's prompts from ``--data``: files (``FILE:N`` overrides ``--limit`` for that
+    file) and ``edit:MBPP_FILE[:N[:START]]`` -> the code-editing prompt set."""
+    from .bench import load_prompts
+
     prompts = []
     for d in args.data:
         if d.startswith("edit:"):  # edit:MBPP_FILE[:N[:START]] -> the code-editing prompt set
@@ -142,16 +157,25 @@ def cmd_bench(args) -> int:
             d, limit = head, int(tail)
         prompts += load_prompts(d, limit=limit,
                                 categories=args.categories.split(",") if args.categories else None)
-    methods = [m.strip().lower() for m in args.methods.split(",") if m.strip()]
+    return prompts
+
+
+def _bench_params(args) -> dict:
+    """``--params``: a JSON object of per-method settings (SpecvizError otherwise)."""
     try:
         params = json.loads(args.params) if args.params else {}
     except json.JSONDecodeError as exc:
         raise SpecvizError(f"--params is not valid JSON ({exc})") from None
     if not isinstance(params, dict):
         raise SpecvizError("--params must be a JSON object like '{\"pld\": {\"num_output_tokens\": 5}}'")
-    params = check_methods(methods, params)  # the registry's checks, before the model loads
-    target = _load_decoding_target(args)
-    bar = tqdm(total=len(prompts) * len(set(methods) | {"ar"}), desc="bench", unit="run")
+    return params
+
+
+def _progress_bar(runs: int):
+    """(a tqdm bar over the bench's runs, the ``progress(done, total, what)`` that moves it)."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=runs, desc="bench", unit="run")
 
     def progress(done, total, what):
         bar.total = total
@@ -159,10 +183,13 @@ def cmd_bench(args) -> int:
         bar.set_postfix_str(what)
         bar.refresh()
 
-    result = run_bench(target, methods, prompts, settings, method_params=params, progress=progress,
-                       traces_dir=Path(args.out) / "traces" if args.save_traces else None)
-    bar.close()
-    paths = result.save(args.out)
+    return bar, progress
+
+
+def _print_bench(result, paths: dict) -> None:
+    """The bench's table, verdict, measured verify cost and the files written."""
+    from .bench import format_table
+
     print(format_table(result.table()))
     print(result.verdict().message)
     vc = result.meta.get("verify_cost")
@@ -170,7 +197,6 @@ def cmd_bench(args) -> int:
         print(f"verify cost on this machine ({vc['kind']}; a one-token step {vc['step_ms']} ms): "
               + ", ".join(f"c({k}) {c:.2f}" for k, c in vc["points"]))
     print("written: " + ", ".join(str(p) for p in paths.values()))
-    return 0
 
 
 def cmd_align(args) -> int:

@@ -105,13 +105,32 @@ def cmd_train_gate_probe(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    import csv
+    """``specviz eval``: drafters compared offline on stored rollouts (optionally against real
+    runs); eval.json, eval.csv and a table of tau per category."""
+    from tqdm.auto import tqdm
 
-    from .analysis.offline_eval import offline_compare, parse_drafters, real_rounds
+    from .analysis.offline_eval import offline_compare, parse_drafters
+
+    specs = parse_drafters(args.drafters)
+    rs, target = _eval_rollouts_and_target(args)
+    n = len(rs) if args.limit is None else min(args.limit, len(rs))
+    bar = tqdm(total=n, desc="offline EDR", unit="rollout")
+    res = offline_compare(target, rs, specs, limit=n, progress=lambda d, t: bar.update(1))
+    bar.close()
+    real_s = _add_real_runs(res, target, rs, specs, args.real, n) if args.real else None
+    out = Path(args.out)
+    _write_eval(res, out)
+    _print_eval(res, [s.label for s in specs], n, real_s)
+    print(f"written to {out}/eval.json and {out}/eval.csv")
+    return 0
+
+
+def _eval_rollouts_and_target(args):
+    """(the rollouts of ``--split``, the target that made them -- ``--model`` overrides -- in
+    float32); SpecvizError for an empty split."""
     from .models import load_target
     from .train.rollout_store import RolloutSet, read_meta
 
-    specs = parse_drafters(args.drafters)
     meta = read_meta(args.rollouts)
     rs = RolloutSet(args.rollouts, split=None if args.split == "all" else args.split)
     if not len(rs):
@@ -120,27 +139,33 @@ def cmd_eval(args) -> int:
     name = args.model or meta.get("model") or "default"
     if str(name).endswith("(embedded)"):  # rollouts made through the library name it so
         name = "default"
-    target = load_target(name, device=args.device, dtype="float32")
-    from tqdm.auto import tqdm
+    return rs, load_target(name, device=args.device, dtype="float32")
 
-    n = len(rs) if args.limit is None else min(args.limit, len(rs))
-    bar = tqdm(total=n, desc="offline EDR", unit="rollout")
-    res = offline_compare(target, rs, specs, limit=n, progress=lambda d, t: bar.update(1))
-    bar.close()
-    if args.real:
-        res["real"] = real_rounds(target, rs, specs, args.real)
-        for lab, r in res["real"].items():
-            off = [row[f"edr:{lab}"] for row in res["rows"][:r["rollouts"]]]
-            if rs.temperature > 0:   # each real run is a new random rollout: compare means
-                r["equals_offline"] = None
-                r["mean_rounds_real"] = sum(r["rounds"]) / max(1, len(r["rounds"]))
-                r["mean_rounds_offline"] = sum(off) / max(1, len(off))
-            else:
-                r["equals_offline"] = sum(abs(a - b) < 1e-6 for a, b in zip(r["rounds"], off))
-            r["seconds_extrapolated"] = r["seconds"] * n / max(1, r["rollouts"])
-        real_s = sum(r["seconds_extrapolated"] for r in res["real"].values())
-        res["speedup_offline_vs_real"] = real_s / max(1e-9, sum(res["seconds_offline"].values()))
-    out = Path(args.out)
+
+def _add_real_runs(res: dict, target, rs, specs, real: int, n: int) -> float:
+    """Add ``real`` real decoding runs per drafter to ``res`` (compared with the offline
+    rounds; their time extrapolated to ``n`` rollouts); returns the real runs' seconds."""
+    from .analysis.offline_eval import real_rounds
+
+    res["real"] = real_rounds(target, rs, specs, real)
+    for lab, r in res["real"].items():
+        off = [row[f"edr:{lab}"] for row in res["rows"][:r["rollouts"]]]
+        if rs.temperature > 0:   # each real run is a new random rollout: compare means
+            r["equals_offline"] = None
+            r["mean_rounds_real"] = sum(r["rounds"]) / max(1, len(r["rounds"]))
+            r["mean_rounds_offline"] = sum(off) / max(1, len(off))
+        else:
+            r["equals_offline"] = sum(abs(a - b) < 1e-6 for a, b in zip(r["rounds"], off))
+        r["seconds_extrapolated"] = r["seconds"] * n / max(1, r["rollouts"])
+    real_s = sum(r["seconds_extrapolated"] for r in res["real"].values())
+    res["speedup_offline_vs_real"] = real_s / max(1e-9, sum(res["seconds_offline"].values()))
+    return real_s
+
+
+def _write_eval(res: dict, out: Path) -> None:
+    """eval.json (all but the per-rollout rows) and eval.csv (those rows) under ``out``."""
+    import csv
+
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps({k: v for k, v in res.items() if k != "rows"},
                                               indent=2) + "\n")
@@ -148,7 +173,11 @@ def cmd_eval(args) -> int:
         w = csv.DictWriter(fh, fieldnames=list(res["rows"][0]))
         w.writeheader()
         w.writerows(res["rows"])
-    labels = [s.label for s in specs]
+
+
+def _print_eval(res: dict, labels: list[str], n: int, real_s: float | None) -> None:
+    """tau per category and drafter, the paired change in expected rounds, and the time taken
+    offline (and by the real runs, extrapolated to ``n`` rollouts, when there were some)."""
     wid = max(len(lab) for lab in labels) + 6
     print(f"{'category':<16}{'rollouts':>9}" + "".join(f"{lab + ' tau':>{wid}}" for lab in labels))
     for cat, ent in res["summary"].items():
@@ -159,9 +188,7 @@ def cmd_eval(args) -> int:
         print(f"{pair}: expected rounds {b['rounds_change']:+.1%} (95% CI {lo:+.1%} .. {hi:+.1%})")
     print(f"offline: {sum(res['seconds_offline'].values()):.1f}s"
           + (f"; real runs (extrapolated to {n}): {real_s:.1f}s, "
-             f"{res['speedup_offline_vs_real']:.1f}x slower" if args.real else ""))
-    print(f"written to {out}/eval.json and {out}/eval.csv")
-    return 0
+             f"{res['speedup_offline_vs_real']:.1f}x slower" if real_s is not None else ""))
 
 
 def cmd_train_finetune(args) -> int:

@@ -230,11 +230,32 @@ def hub_reachable(timeout: float = 3.0) -> bool:
 def load_target(name: str = "default", device: str | None = None, dtype=None,
                 device_map: str | None = None, progress: ProgressFn | None = None) -> Target:
     """Load a target p: ``"default"`` (embedded SmolLM2), a HF hub id or a local folder."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     path = resolve_model_path(name, progress)
     dev = pick_device(device)
     dt = pick_dtype(dev, dtype)
+    tokenizer, model = _load_hf(name, path, dev, dt, device_map)
+    if not device_map:
+        model.to(device=dev, dtype=dt)
+    model.eval()
+    model.requires_grad_(False)
+    _use_cpu_attention(model, dev)
+    kernels = None
+    if dev == "cpu" and dt == torch.float32 and linear_kernels(dtype) == "measured":
+        from .kernels import tune_linears  # oneDNN packed linears where they are measured faster
+        kernels = tune_linears(model, example=lambda: model(input_ids=torch.tensor([[1, 2]])))
+    model, dt, numerics, kernels = _cpu_numerics(model, tokenizer, dev, dt, dtype, kernels)
+    label = "SmolLM2-135M-Instruct (embedded)" if name in DEFAULT_ALIASES else name
+    return Target(model=model, tokenizer=tokenizer, name=label,
+                  device=str(next(model.parameters()).device), dtype=dt,
+                  min_width=numerics.min_width if numerics else 1, numerics=numerics,
+                  kernels=kernels)
+
+
+def _load_hf(name: str, path: str, dev: str, dt: torch.dtype, device_map: str | None):
+    """(tokenizer, model) from ``path`` with transformers (local files only when the hub is
+    unreachable); any loader failure becomes one ModelLoadError line."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     local_only = not Path(path).exists() and not hub_reachable()
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
@@ -255,19 +276,24 @@ def load_target(name: str = "default", device: str | None = None, dtype=None,
                 "on the command line, 'Embedded SmolLM2-135M-Instruct' in the app)") from exc
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"cannot load model '{name}': {first}") from exc
-    if not device_map:
-        model.to(device=dev, dtype=dt)
-    model.eval()
-    model.requires_grad_(False)
+    return tokenizer, model
+
+
+def _use_cpu_attention(model, dev: str) -> None:
+    """On a CPU (unless ``SPECVIZ_ATTENTION=sdpa``) verify forwards share the KV heads instead
+    of copying the cache (before any timing)."""
     if dev == "cpu" and os.environ.get("SPECVIZ_ATTENTION", "auto").strip().lower() != "sdpa":
-        from .attention import use_gqa_attention   # verify forwards share the KV heads instead
-        use_gqa_attention(model)                   # of copying the cache (before any timing)
-    numerics = kernels = None
-    if dev == "cpu" and dt == torch.float32 and linear_kernels(dtype) == "measured":
-        from .kernels import tune_linears  # oneDNN packed linears where they are measured faster
-        kernels = tune_linears(model, example=lambda: model(input_ids=torch.tensor([[1, 2]])))
-    if dev == "cpu" and dtype in (None, "auto"):  # measured: bfloat16 only where it pays and
-        from .numerics import choose_cpu_numerics  # its logits are width-invariant
+        from .attention import use_gqa_attention
+        use_gqa_attention(model)
+
+
+def _cpu_numerics(model, tokenizer, dev: str, dt: torch.dtype, dtype, kernels):
+    """(model, dtype, numerics, kernels) after a CPU target's numerics: with ``dtype`` auto
+    measured (bfloat16 only where it pays and its logits are width-invariant); bfloat16 asked
+    for is made lossless where it can be. Other targets pass through unchanged."""
+    numerics = None
+    if dev == "cpu" and dtype in (None, "auto"):
+        from .numerics import choose_cpu_numerics
         model, numerics = choose_cpu_numerics(model, _check_tokens(tokenizer))
         dt = next(model.parameters()).dtype
         if kernels is not None and dt != torch.float32:   # bfloat16 won: its copy of the model
@@ -280,11 +306,7 @@ def load_target(name: str = "default", device: str | None = None, dtype=None,
         numerics = Numerics("bfloat16", w or 1, "asked for" if w else
                             "asked for; its logits depend on the forward width here, so greedy "
                             "outputs can differ from plain decoding at near-ties")
-    label = "SmolLM2-135M-Instruct (embedded)" if name in DEFAULT_ALIASES else name
-    return Target(model=model, tokenizer=tokenizer, name=label,
-                  device=str(next(model.parameters()).device), dtype=dt,
-                  min_width=numerics.min_width if numerics else 1, numerics=numerics,
-                  kernels=kernels)
+    return model, dt, numerics, kernels
 
 
 def linear_kernels(dtype) -> str:

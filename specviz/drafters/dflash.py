@@ -81,8 +81,9 @@ from .dflash_checkpoint import (ARCHITECTURE, BUNDLED, BUNDLED_DIR, CONFIG_NAME,
                                 save_dflash_checkpoint)
 from .dflash_model import (DRAFT_VOCAB_KEY, DFlashAttention, DFlashDecoderLayer,  # noqa: F401
                            DFlashDraftModel, DFlashMLP, default_target_layer_ids)
-from .dflash_params import DEFAULT_TREE, MAX_TREE, PARAMS  # noqa: F401
-from .dflash_runtime import runtime_weights, tune_drafter_linears
+from .dflash_params import (DEFAULT_TREE, MAX_TREE, PARAMS, check_block_size,  # noqa: F401
+                            check_settings, drafter_checkpoint, drafter_dtype)
+from .dflash_runtime import drafter_model
 from .registry import MethodSpec
 from .state_probe import load_state_probe, skips
 
@@ -103,66 +104,43 @@ class DFlashDrafter(Drafter):
                  device: str | None = None, cut: str = "auto", weights: str = "float",
                  tree: int | None = None, state_probe: str = "off",
                  gate_cost: str = "measured"):
+        """Check the settings, load the drafter for ``target`` (``checkpoint``, else the one
+        bundled for it; or adopt ``model``) and set up its context cache and state probe."""
         if target is None:
             raise SettingsError("dflash needs the target model (make_drafter('dflash', target, ...))")
-        self.tree_nodes = PARAMS["tree"].check(DEFAULT_TREE if tree in (None, "") else tree)
-        if checkpoint is not None:
-            checkpoint = PARAMS["checkpoint"].check(checkpoint)
-        draft_temperature = PARAMS["draft_temperature"].check(draft_temperature)
-        block_size = PARAMS["block_size"].check(None if block_size == "" else block_size)
-        seed = PARAMS["seed"].check(seed)
-        self.cut_mode = PARAMS["cut"].check(cut)
-        weights = PARAMS["weights"].check(weights)
+        s = check_settings(tree, checkpoint, draft_temperature, block_size, seed, cut, weights)
+        self.tree_nodes, self.cut_mode = s["tree"], s["cut"]
         self.cut: BlockCut | None = None
         self.shared: SharedDraft | None = None   # a draft sharing the verify (hybrid.py)
         self._last_cut: tuple[list[float], int] | None = None
         self._last_tree: tuple[list[TreeNode], list[list[float]]] | None = None
-        if model is None:
-            if checkpoint is None or not str(checkpoint).strip():
-                checkpoint = bundled_checkpoint(target)
-            if checkpoint is None:
-                raise SettingsError("dflash needs a trained drafter for this target: pass "
-                                    "checkpoint=PATH_OR_HUB_ID (a folder with config.json + "
-                                    "model.safetensors, or e.g. z-lab/Qwen3-8B-DFlash-b16); only "
-                                    "the embedded SmolLM2-135M-Instruct has a bundled drafter")
+        checkpoint = s["checkpoint"] if model is not None \
+            else drafter_checkpoint(s["checkpoint"], target)
         dev = device or target.device
-        if isinstance(dtype, str) and dtype not in ("", "auto"):
-            dtype = getattr(torch, dtype, None)
-            if not isinstance(dtype, torch.dtype):
-                raise SettingsError("unknown dtype for dflash (use float32, bfloat16 or float16)")
-        dt = dtype if isinstance(dtype, torch.dtype) else target.dtype
-        if model is None:
-            model = _load_cached(checkpoint, dev, dt)
-        else:
-            model = model.to(device=dev, dtype=dt).eval()
-        _check_compatible(model, target)
-        if getattr(target, "kernels", None) is not None:   # the target's linears were tuned:
-            tune_drafter_linears(model, target)            # the drafter's too (once per model)
-        self.weights_setting = weights
-        model, self.weights = runtime_weights(model, target, weights)
-        ckpt_b = int(model.block_size)
-        b = block_size or ckpt_b
-        if not 2 <= b <= ckpt_b:
-            raise SettingsError(f"{PARAMS['block_size'].label} must be 0 (the checkpoint's own) "
-                                f"or from 2 to the checkpoint's block size {ckpt_b}, got {b}")
-        self.target = target
-        self.model = model
+        self.dtype = drafter_dtype(dtype, target)
+        self.weights_setting = s["weights"]
+        model, self.weights = drafter_model(model, checkpoint, target, dev, self.dtype,
+                                            s["weights"])
+        self.block_size = check_block_size(s["block_size"], int(model.block_size))
+        self.target, self.model, self.device = target, model, torch.device(dev)
         self.checkpoint = None if checkpoint is None else str(checkpoint)
-        self.block_size = b
-        self.draft_temperature = draft_temperature
-        self.seed = seed
-        self.device = torch.device(dev)
-        self.dtype = dt
+        self.draft_temperature, self.seed = s["draft_temperature"], s["seed"]
         self.hidden_state_layers = [i + 1 for i in model.target_layer_ids]
         self._ctx = LazyContextKV(self.hidden_state_layers, model.context_kv, self.device,
                                   self.dtype)
         self.gate_cost = PARAMS["gate_cost"].check(gate_cost)
-        self.state_probe_setting = PARAMS["state_probe"].check(state_probe)
-        self.state_probe = None if self.state_probe_setting == "off" or checkpoint is None \
-            else load_state_probe(resolve_checkpoint(checkpoint), list(model.target_layer_ids),
-                                  len(self.hidden_state_layers) * int(model.hidden_size))
-        self._probe_x: torch.Tensor | None = None   # tapped features before the next anchor
+        self._load_state_probe(checkpoint, state_probe)
         self._reset()
+
+    def _load_state_probe(self, checkpoint, state_probe: str) -> None:
+        """The state probe fitted beside ``checkpoint`` (:mod:`.state_probe`); none where
+        ``state_probe`` is off or the model came without a checkpoint."""
+        self.state_probe_setting = PARAMS["state_probe"].check(state_probe)
+        m = self.model
+        self.state_probe = None if self.state_probe_setting == "off" or checkpoint is None \
+            else load_state_probe(resolve_checkpoint(checkpoint), list(m.target_layer_ids),
+                                  len(self.hidden_state_layers) * int(m.hidden_size))
+        self._probe_x: torch.Tensor | None = None   # tapped features before the next anchor
 
     # -- context cache (specviz.drafters.context.LazyContextKV): every drafter layer's context
     # K/V, projected from queued tapped features when the next block needs them.

@@ -74,9 +74,21 @@ def resolve_checkpoint(checkpoint: str | Path) -> Path:
 def load_dflash_checkpoint(checkpoint: str | Path, device: str | torch.device = "cpu",
                            dtype: torch.dtype | None = None) -> DFlashDraftModel:
     """Load a DFlash drafter (config.json + *.safetensors) with strict key/shape matching."""
-    from safetensors.torch import load_file
-
     folder = resolve_checkpoint(checkpoint)
+    cfg = _read_config(folder)
+    _check_config(cfg, folder)
+    state = _read_weights(folder)
+    model = _model_from_config(cfg)
+    dv = _pop_draft_vocab(state, cfg, folder)
+    _check_layout(model.state_dict(), state, folder)
+    model.load_state_dict(state, strict=True)
+    model.draft_vocab = dv
+    model.eval().requires_grad_(False)
+    return model.to(device=device, dtype=dtype or next(iter(state.values())).dtype)
+
+
+def _read_config(folder: Path) -> dict:
+    """The checkpoint's config.json, a JSON object (ModelLoadError otherwise)."""
     cfg_path = folder / CONFIG_NAME
     if not cfg_path.is_file():
         raise ModelLoadError(f"DFlash checkpoint {folder} has no {CONFIG_NAME}")
@@ -86,6 +98,11 @@ def load_dflash_checkpoint(checkpoint: str | Path, device: str | torch.device = 
         raise ModelLoadError(f"DFlash {cfg_path} is not valid JSON: {exc}") from exc
     if not isinstance(cfg, dict):
         raise ModelLoadError(f"DFlash {cfg_path} is not a JSON object")
+    return cfg
+
+
+def _check_config(cfg: dict, folder: Path) -> None:
+    """A DFlash drafter's config: its architecture, the sizes it needs, no sliding window."""
     arch = cfg.get("architectures") or []
     if ARCHITECTURE not in arch:
         raise ModelLoadError(f"{folder} is not a DFlash drafter: architectures {arch} "
@@ -96,6 +113,12 @@ def load_dflash_checkpoint(checkpoint: str | Path, device: str | torch.device = 
         raise ModelLoadError(f"DFlash config misses {', '.join(missing_cfg)}")
     if cfg.get("use_sliding_window") and cfg.get("sliding_window"):
         raise ModelLoadError("sliding-window DFlash drafters are not supported")
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """All the folder's *.safetensors (but the gate's state probe) in one state dict."""
+    from safetensors.torch import load_file
+
     files = sorted(f for f in folder.glob("*.safetensors")   # not the gate's state probe
                    if f.name != PROBE_NAME)
     if not files:
@@ -106,12 +129,23 @@ def load_dflash_checkpoint(checkpoint: str | Path, device: str | torch.device = 
             state.update(load_file(str(f)))
         except Exception as exc:  # noqa: BLE001
             raise ModelLoadError(f"cannot read DFlash weights {f.name}: {exc}") from exc
+    return state
+
+
+def _model_from_config(cfg: dict) -> DFlashDraftModel:
+    """The (uninitialised) drafter the config describes; a bad config is a ModelLoadError."""
     try:
-        model = DFlashDraftModel(cfg)
+        return DFlashDraftModel(cfg)
     except ModelLoadError:
         raise
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelLoadError(f"bad DFlash config: {exc}") from exc
+
+
+def _pop_draft_vocab(state: dict[str, torch.Tensor], cfg: dict,
+                     folder: Path) -> torch.Tensor | None:
+    """Take the optional draft vocabulary out of ``state``: sorted distinct word ids inside
+    the vocabulary (int64), or None where the checkpoint has none."""
     dv = state.pop(DRAFT_VOCAB_KEY, None)
     if dv is not None:
         vocab = int(cfg.get("vocab_size") or 0)
@@ -123,7 +157,12 @@ def load_dflash_checkpoint(checkpoint: str | Path, device: str | torch.device = 
         if not ok:
             raise ModelLoadError(f"DFlash checkpoint {folder.name}: {DRAFT_VOCAB_KEY} must be "
                                  "sorted distinct word ids inside the vocabulary")
-    want = model.state_dict()
+    return dv
+
+
+def _check_layout(want: dict[str, torch.Tensor], state: dict[str, torch.Tensor],
+                  folder: Path) -> None:
+    """Strict matching: the weights' keys are the model's (``want``), their shapes too."""
     unexpected = set(state) - set(want)
     missing = set(want) - set(state)
     if unexpected or missing:
@@ -138,10 +177,6 @@ def load_dflash_checkpoint(checkpoint: str | Path, device: str | torch.device = 
            if tuple(state[k].shape) != tuple(v.shape)]
     if bad:
         raise ModelLoadError(f"DFlash weight shapes do not match its config: {_few(bad, 3)}")
-    model.load_state_dict(state, strict=True)
-    model.draft_vocab = dv
-    model.eval().requires_grad_(False)
-    return model.to(device=device, dtype=dtype or next(iter(state.values())).dtype)
 
 
 _LOADED: dict[tuple, DFlashDraftModel] = {}

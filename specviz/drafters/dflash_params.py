@@ -1,10 +1,17 @@
 """DFlash's settings (METHODS §1): one :class:`~.registry.ParamSpec` per keyword of
 :class:`~.dflash.DFlashDrafter` -- checked values, labels and help for the CLI (``--param``),
 the bench (``--params``) and the app's sidebar. DSpark and ReTrace reuse most of them.
+The checks the drafter makes beyond one value's range (its checkpoint, dtype and block size
+against the loaded checkpoint) are here too.
 """
 from __future__ import annotations
 
-from .dflash_checkpoint import MAX_BLOCK_SIZE
+from typing import Any
+
+import torch
+
+from ..errors import SettingsError
+from .dflash_checkpoint import MAX_BLOCK_SIZE, bundled_checkpoint
 from .registry import ParamSpec, params_by_name
 
 DEFAULT_TREE = 16  # draft tree nodes by default (0: chains; specviz.drafters.block_tree)
@@ -57,3 +64,49 @@ PARAMS = params_by_name(
                    "verify (cut auto/block) or exactly N (cut off). Greedy drafts only (draft "
                    "temperature 0) and targets verifying unpadded trees; lossless either way."),
 )
+
+
+def check_settings(tree, checkpoint, draft_temperature, block_size, seed, cut,
+                   weights) -> dict[str, Any]:
+    """The drafter's keywords checked by their ParamSpecs, in this order (the first bad one
+    raises): an empty ``tree`` is the default, a None ``checkpoint`` stays None and an empty
+    ``block_size`` is None (the checkpoint's own)."""
+    return {"tree": PARAMS["tree"].check(DEFAULT_TREE if tree in (None, "") else tree),
+            "checkpoint": None if checkpoint is None else PARAMS["checkpoint"].check(checkpoint),
+            "draft_temperature": PARAMS["draft_temperature"].check(draft_temperature),
+            "block_size": PARAMS["block_size"].check(None if block_size == "" else block_size),
+            "seed": PARAMS["seed"].check(seed), "cut": PARAMS["cut"].check(cut),
+            "weights": PARAMS["weights"].check(weights)}
+
+
+def drafter_checkpoint(checkpoint, target):
+    """``checkpoint``, or where it is empty the drafter bundled for ``target``; SettingsError
+    when there is neither."""
+    if checkpoint is None or not str(checkpoint).strip():
+        checkpoint = bundled_checkpoint(target)
+    if checkpoint is None:
+        raise SettingsError("dflash needs a trained drafter for this target: pass "
+                            "checkpoint=PATH_OR_HUB_ID (a folder with config.json + "
+                            "model.safetensors, or e.g. z-lab/Qwen3-8B-DFlash-b16); only "
+                            "the embedded SmolLM2-135M-Instruct has a bundled drafter")
+    return checkpoint
+
+
+def drafter_dtype(dtype, target) -> torch.dtype:
+    """The drafter's dtype: ``dtype`` (a torch dtype or its name), else (None, "" or "auto")
+    the target's."""
+    if isinstance(dtype, str) and dtype not in ("", "auto"):
+        dtype = getattr(torch, dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise SettingsError("unknown dtype for dflash (use float32, bfloat16 or float16)")
+    return dtype if isinstance(dtype, torch.dtype) else target.dtype
+
+
+def check_block_size(block_size: int | None, ckpt_b: int) -> int:
+    """The block size to draft: ``block_size``, or (0 / None) the checkpoint's own ``ckpt_b``;
+    SettingsError outside 2..ckpt_b."""
+    b = block_size or ckpt_b
+    if not 2 <= b <= ckpt_b:
+        raise SettingsError(f"{PARAMS['block_size'].label} must be 0 (the checkpoint's own) "
+                            f"or from 2 to the checkpoint's block size {ckpt_b}, got {b}")
+    return b

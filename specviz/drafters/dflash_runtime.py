@@ -7,11 +7,13 @@ of the decoder layers and the draft-vocabulary head (:mod:`specviz.drafters.int8
 still verifies every token, so output is unchanged; but int8 activations are quantized per call
 over the whole batch, so an offline replay (one forward over a stored text) no longer drafts
 exactly what the live run drafted, and the default stays ``float``.
+:func:`drafter_model` gives the model a drafter runs (loaded or adopted, checked, tuned).
 """
 from __future__ import annotations
 
 import torch
 
+from .dflash_checkpoint import _check_compatible, _load_cached
 from .dflash_model import DFlashDraftModel
 
 
@@ -52,3 +54,18 @@ def runtime_weights(model: DFlashDraftModel, target, weights: str
     if weights == "int8" or int8.faster(model, head):
         return int8.int8_copy(model, head), "int8"
     return model, "float"
+
+
+def drafter_model(model: DFlashDraftModel | None, checkpoint, target, device, dtype,
+                  weights: str) -> tuple[DFlashDraftModel, str]:
+    """(the model the drafter runs, "int8" or "float"): ``model`` moved to ``device`` and
+    ``dtype``, else ``checkpoint`` loaded (once per folder and weights); checked against
+    ``target``, its linears tuned where the target's were, then :func:`runtime_weights`."""
+    if model is None:
+        model = _load_cached(checkpoint, device, dtype)
+    else:
+        model = model.to(device=device, dtype=dtype).eval()
+    _check_compatible(model, target)
+    if getattr(target, "kernels", None) is not None:   # the target's linears were tuned:
+        tune_drafter_linears(model, target)            # the drafter's too (once per model)
+    return runtime_weights(model, target, weights)

@@ -223,21 +223,38 @@ def context_spans_html(trace: Trace, round_index: int, collapse: int | None = No
     css = CONTEXT_CSS if include_css else ""
     if not 0 <= round_index < len(trace.rounds):
         return css + '<div class="adapld-ctx"><i>No such round.</i></div>'
-    r = trace.rounds[round_index]
     toks = context_tokens(trace, round_index)
-    L = len(toks)
     prompt_len = len(trace.prompt_ids)
-    keep = [True] * L
-    if collapse is not None and L:
-        k = max(0, int(collapse))
-        marked = [i for i, t in enumerate(toks) if t.kind or t.copy is not None or t.suffix]
-        marked += [L - 1, prompt_len - 1, prompt_len]
-        keep = [False] * L
-        for i in marked:
-            for j in range(max(0, i - k), min(L, i + k + 1)):
-                keep[j] = True
-    parts = [css, '<div class="adapld-ctx">']
-    i = 0
+    keep = _kept(toks, prompt_len, collapse)
+    parts = [css, '<div class="adapld-ctx">', *_context_parts(toks, keep, prompt_len)]
+    if not toks:
+        parts.append('<i>empty context</i>')
+    if show_draft:
+        parts.append(_draft_html(trace, trace.rounds[round_index]))
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _kept(toks: list[ContextToken], prompt_len: int, collapse: int | None) -> list[bool]:
+    """Which tokens to show: all, or with ``collapse=k`` those within k tokens of a mark (a
+    match, a copy, the suffix, the last token and the prompt/output boundary)."""
+    L = len(toks)
+    if collapse is None or not L:
+        return [True] * L
+    k = max(0, int(collapse))
+    marked = [i for i, t in enumerate(toks) if t.kind or t.copy is not None or t.suffix]
+    marked += [L - 1, prompt_len - 1, prompt_len]
+    keep = [False] * L
+    for i in marked:
+        for j in range(max(0, i - k), min(L, i + k + 1)):
+            keep[j] = True
+    return keep
+
+
+def _context_parts(toks: list[ContextToken], keep: list[bool], prompt_len: int) -> list[str]:
+    """The tokens' HTML: each kept token, one gap per run of elided ones (a run stops at the
+    prompt/output boundary, which gets its own marker)."""
+    parts, i, L = [], 0, len(toks)
     while i < L:
         if i == prompt_len and prompt_len > 0:
             parts.append('<span class="ctx-boundary" title="the generated output starts here">'
@@ -252,27 +269,26 @@ def context_spans_html(trace: Trace, round_index: int, collapse: int | None = No
             continue
         parts.append(_token_html(toks[i]))
         i += 1
-    if not L:
-        parts.append('<i>empty context</i>')
-    if show_draft:
-        kind = retrieval_kind(r)
-        if r.draft:
-            parents = r.tree.parents
-            first = [0]
-            while first[-1] + 1 < len(parents) and parents[first[-1] + 1] == first[-1]:
-                first.append(first[-1] + 1)
-            txt = "".join(visible_text(trace.token_texts.get(int(r.draft[n]), f"<{r.draft[n]}>"))
-                          for n in first)
-            more = f" (+{len(r.draft) - len(first)} more in other branches)" \
-                if len(first) < len(r.draft) else ""
-            parts.append(f'<span class="ctx-next" title="the draft of this round (best-ranked '
-                         f'branch){html.escape(more)}">draft ▸ {txt}</span>')
-        else:
-            why = {"none": "no match", "off": "retrieval paused"}.get(kind, "no draft")
-            parts.append(f'<span class="ctx-next" style="border-color:#94a3b8;color:#475569;'
-                         f'background:#f8fafc">no draft ({why})</span>')
-    parts.append("</div>")
-    return "".join(parts)
+    return parts
+
+
+def _draft_html(trace: Trace, r: Round) -> str:
+    """The round's draft after the context (its best-ranked branch, the first child at each
+    depth), or why there was none."""
+    if not r.draft:
+        why = {"none": "no match", "off": "retrieval paused"}.get(retrieval_kind(r), "no draft")
+        return (f'<span class="ctx-next" style="border-color:#94a3b8;color:#475569;'
+                f'background:#f8fafc">no draft ({why})</span>')
+    parents = r.tree.parents
+    first = [0]
+    while first[-1] + 1 < len(parents) and parents[first[-1] + 1] == first[-1]:
+        first.append(first[-1] + 1)
+    txt = "".join(visible_text(trace.token_texts.get(int(r.draft[n]), f"<{r.draft[n]}>"))
+                  for n in first)
+    more = f" (+{len(r.draft) - len(first)} more in other branches)" \
+        if len(first) < len(r.draft) else ""
+    return (f'<span class="ctx-next" title="the draft of this round (best-ranked '
+            f'branch){html.escape(more)}">draft ▸ {txt}</span>')
 
 
 def context_legend_html(include_css: bool = False) -> str:
