@@ -21,16 +21,15 @@ slice it was loaded in, and consecutive rows cycle through the kinds. The data i
 read from its file (``../shared/data/mbpp.jsonl``), never copied into the repository; ``start``
 and ``limit`` pick disjoint slices for dev and held-out sets.
 
-Intended bench hook: ``--data edit:PATH[:LIMIT[:START]]`` -> :func:`load_edit_spec`. Until the
-CLI has it, ``python -m specviz.editset PATH --limit N > edit.jsonl`` writes ``{"id", "category",
-"prompt"}`` rows that ``bench --data edit.jsonl`` already reads.
+Bench hook: ``--data edit:PATH[:LIMIT[:START]]`` -> :func:`load_edit_spec`; ``python -m
+specviz.editset PATH --limit N > edit.jsonl`` writes the same prompts as ``{"id", "category",
+"prompt"}`` rows. What is read off the code (names, the tested function, indentation):
+:mod:`specviz.editset_code`.
 """
 from __future__ import annotations
 
 import ast
-import builtins
 import json
-import keyword
 import random
 import re
 import sys
@@ -38,12 +37,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .bench import PromptItem
+from .editset_code import (RESERVED, clean_code, has_one_liner, identifiers, indent_unit,
+                           local_names, main_function)
 from .errors import SpecvizError
 
 CATEGORY = "code_edit"
 KINDS = ("rename_function", "rename_variable", "add_docstring", "add_comments",
          "add_type_hints", "reformat")
-RESERVED = set(dir(builtins)) | set(keyword.kwlist) | {"self", "cls", "_"}
 VAR_WORDS = ("value", "total", "items", "count", "index", "result", "current", "values",
              "number", "text", "data", "acc", "limit", "pos", "seq", "elem", "size", "answer")
 
@@ -115,79 +115,6 @@ class Edit:
     kind: str
     instruction: str
     detail: dict = field(default_factory=dict)
-
-
-# ---------------------------------------------------------------------------- code analysis
-def clean_code(code: str) -> str:
-    """MBPP code with Unix line endings and no trailing whitespace or blank lines."""
-    lines = code.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    return "\n".join(line.rstrip() for line in lines).strip("\n")
-
-
-def identifiers(tree: ast.AST) -> set[str]:
-    """Every name the code binds or uses (names, arguments, functions, imports, attributes)."""
-    out: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            out.add(node.id)
-        elif isinstance(node, ast.arg):
-            out.add(node.arg)
-        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            out.add(node.name)
-        elif isinstance(node, ast.alias):
-            out.add((node.asname or node.name).split(".")[0])
-        elif isinstance(node, ast.Attribute):
-            out.add(node.attr)
-    return out
-
-
-def main_function(tree: ast.Module, test: str = "") -> ast.FunctionDef | None:
-    """The function MBPP's first test calls, else the last top-level function."""
-    funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
-    called = re.findall(r"([A-Za-z_]\w*)\s*\(", test)
-    for name in called:
-        for f in funcs:
-            if f.name == name:
-                return f
-    return funcs[-1] if funcs else None
-
-
-def local_names(fn: ast.FunctionDef) -> tuple[list[str], list[str]]:
-    """(parameters, assigned local variables) of ``fn`` in order of appearance, without
-    builtins, keywords, ``self`` / ``_`` and names of functions."""
-    funcs = {n.name for n in ast.walk(fn) if isinstance(n, ast.FunctionDef)}
-    args = fn.args
-    params = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
-    params += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
-    stores = [n.id for n in ast.walk(fn)
-              if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
-    ok = lambda n: n not in RESERVED and n not in funcs  # noqa: E731
-    params = [p for p in dict.fromkeys(params) if ok(p)]
-    locals_ = [n for n in dict.fromkeys(stores) if ok(n) and n not in params]
-    return params, locals_
-
-
-def indent_unit(code: str) -> str:
-    """The code's indentation style: "tabs", or the smallest space indent ("1", "2", "4", ...)."""
-    widths = []
-    for line in code.split("\n"):
-        stripped = line.lstrip(" \t")
-        if not stripped or stripped == line:
-            continue
-        if line[0] == "\t":
-            return "tabs"
-        widths.append(len(line) - len(stripped))
-    return str(min(widths)) if widths else "0"
-
-
-def has_one_liner(tree: ast.Module) -> bool:
-    """Whether some block body (def / if / for / while / with) sits on its header's line."""
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(node, ast.stmt) and isinstance(body, list) and body:
-            if body[0].lineno == node.lineno:
-                return True
-    return False
 
 
 # ---------------------------------------------------------------------------- new names

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from specviz.bench import PromptItem, load_prompts
-from specviz.editset import (CATEGORY, KINDS, build_edit_set, clean_code, has_one_liner,
-                             identifiers, indent_unit, load_edit_prompts, load_edit_spec,
-                             local_names, main, main_function, make_edit, parse_edit_spec)
+from specviz.editset import (CATEGORY, KINDS, build_edit_set, load_edit_prompts, load_edit_spec,
+                             main, make_edit, parse_edit_spec)
+from specviz.editset_code import (clean_code, has_one_liner, identifiers, indent_unit,
+                                  local_names, main_function)
 from specviz.errors import SpecvizError
 
 MBPP = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mbpp.jsonl"
