@@ -115,18 +115,17 @@ else:
     m = trace.meta
     bar[1].markdown(f"**{str(m.get('method', '?')).upper()}** · {trace.num_rounds} rounds · "
                     f"{trace.new_tokens} tokens · tau {trace.tau:.2f}")
-    if not vr.has_retrace(trace):
-        st.info("This run has no ReTrace memory details (it was made with "
-                f"**{str(m.get('method', '?')).upper()}**, or before ReTrace kept them). The "
-                "alignment views below still show what its rejected suffixes were worth; run "
-                "ReTrace to see the memory and the gates.")
+    note = vr.no_memory_note(trace)
+    if note:
+        st.info(note)
 
 # ---------------------------------------------------------------- one pair of rounds
 if trace is not None:
     pairs = [r.index for r in trace.rounds if vr.pair_rows(trace, r.index) is not None]
     st.markdown("##### A rejected suffix and the next block")
     if not pairs:
-        st.caption("No round of this run was followed by a round after a rejected suffix.")
+        st.caption("No round here rejected two or more draft tokens and was followed by a "
+                   "drafted round: there is no rejected suffix to lay under a next block.")
     else:
         sel = st.select_slider("Round (that follows a rejected suffix)", options=[p + 1 for p in pairs],
                                key="rt_round") if len(pairs) > 1 else pairs[0] + 1

@@ -342,6 +342,7 @@ def test_compare_chips_and_tampered_trace(server, browser, tmp_path):
                 _pick(page, "cmp_methods", name)
         texts = [t.strip() for t in page.locator(tags).all_inner_texts()]
         assert {"PLD", "AdaPLD", "DFlash"} <= set(texts), texts
+        page.keyboard.press("Escape")   # close the options list before the screenshot
         page.screenshot(path=str(ARTIFACTS / "compare.png"))
         tr = make_trace()
         path = tmp_path / "tampered.json"

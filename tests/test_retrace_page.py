@@ -75,6 +75,24 @@ def test_tables_and_figures():
     b = vr.suffix_bound([tr])   # rounds 1 and 2 carry a suffix; 41 and 42 are nowhere in them
     assert (b.carried, b.best, b.tau, b.tau_bound) == (2, 0, 2.0, 2.0)
     assert list(vr.fig_suffix_bound(b).data[0].x) == ["-1", "+0", "+1", "+2", "best per round"]
+    # offsets and slots are categories (left to plotly, "+0" / "1" read as numbers: a one-slot
+    # heatmap showed slot "0.6 .. 1.4" and the "best per round" bar was dropped)
+    assert vr.fig_suffix_bound(b).layout.xaxis.type == "category"
+    heat = vr.fig_match_heatmap([tr])
+    assert heat.layout.xaxis.type == heat.layout.yaxis.type == "category"
+
+
+def test_no_memory_note_says_why():
+    tr = make_retrace_trace()
+    assert vr.no_memory_note(tr) is None
+    bare = make_retrace_trace(with_extras=False)
+    note = vr.no_memory_note(bare)
+    assert "ReTrace carried no memory" in note and "drafted in 2 of 3 rounds" in note
+    for r in bare.rounds:
+        r.drafter = "dflash"
+    bare.meta["method"] = "dflash"
+    note = vr.no_memory_note(bare)
+    assert "it was made with **DFLASH**" in note and "carried no memory" not in note
 
 
 @pytest.mark.parametrize("extras", [True, False])
@@ -89,7 +107,7 @@ def test_page_shows_a_saved_trace(extras):
         assert "gate 0.70" in h and len(at.get("plotly_chart")) == 3
         assert not at.info
     else:
-        assert any("no ReTrace memory details" in i.value for i in at.info)
+        assert any("ReTrace carried no memory in this run" in i.value for i in at.info)
         assert len(at.get("plotly_chart")) == 2
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["tau at most"] == "2.00" and metrics["Rounds carrying a suffix"] == "2"

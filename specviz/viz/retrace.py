@@ -34,6 +34,27 @@ def has_retrace(trace: Trace) -> bool:
     return any("retrace" in r.extras for r in trace.rounds)
 
 
+def no_memory_note(trace: Trace) -> str | None:
+    """Why the page has no memory to show (None when some round carries one): the run was made
+    by another drafter, or ReTrace never had a rejected suffix (two or more draft tokens after the
+    first mismatch) before a drafted round -- the memory lives one round, and a round where the
+    forward gate pauses the drafter has no block to fuse it into."""
+    if has_retrace(trace):
+        return None
+    method = str(trace.meta.get("method") or "?").upper()
+    tail = ("The alignment views below still show what its rejected suffixes were worth")
+    if not any(r.drafter == "retrace" for r in trace.rounds):
+        return (f"This run has no ReTrace memory details: it was made with **{method}**. {tail}; "
+                "run ReTrace to see the memory and the gates.")
+    drafted = sum(1 for r in trace.rounds if r.draft)
+    return (f"ReTrace carried no memory in this run: no drafted round followed a round that "
+            f"rejected two or more draft tokens (the memory is the rejected tokens after the "
+            f"first mismatch, and it lives one round). The drafter drafted in {drafted} of "
+            f"{trace.num_rounds} rounds (tau {trace.tau:.2f}): its forward gate pauses it where "
+            f"drafting does not pay. {tail}; a prompt where DFlash drafts well (math, code) "
+            f"shows the memory at work.")
+
+
 def gate_forced_off(trace: Trace) -> bool:
     """True when the run had ReTrace's gate forced off (``gate=off``: the memory is kept and
     aligned but adds nothing, so ReTrace drafts what its backbone does)."""
@@ -150,7 +171,10 @@ def fig_match_heatmap(traces: list[Trace], title: str = "") -> go.Figure:
                       margin=dict(l=10, r=10, t=40 if title else 10, b=10),
                       xaxis_title="offset from the predicted position",
                       yaxis_title="slot in the rejected suffix (1 = the rejected token)")
-    fig.update_yaxes(autorange="reversed")
+    # labels like "+0" and "1" are categories: left to plotly, they read as numbers (a one-slot
+    # run then shows slot "0.6 .. 1.4" and drops the offsets between its ticks)
+    fig.update_xaxes(type="category")
+    fig.update_yaxes(type="category", autorange="reversed")
     return fig
 
 
@@ -174,6 +198,7 @@ def fig_suffix_bound(bound: SuffixBound) -> go.Figure:
     fig.update_layout(height=240, margin=dict(l=10, r=10, t=10, b=10),
                       xaxis_title="rejected suffix laid over the next round, shifted by",
                       yaxis_title="tokens it adds")
+    fig.update_xaxes(type="category")   # else "+0".."+2" read as numbers and "best" is dropped
     return fig
 
 
