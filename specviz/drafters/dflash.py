@@ -46,7 +46,8 @@ Modules: the torch model in :mod:`.dflash_model`, checkpoints (published layout,
 drafters, warm start) in :mod:`.dflash_checkpoint`, its settings in :mod:`.dflash_params`;
 this module is the drafter (names of all three are re-exported here). Before each forward the
 forward gate (:mod:`.block_cut`, charging each drafted round what it measurably cost) and, when
-fitted and on, the state probe (:mod:`.state_probe`) may make the round a plain step.
+fitted and on, the state probe (:mod:`.state_probe`) may make the round a plain step; the
+drafter's side of both, and what they learn after the verify: :mod:`.dflash_gating`.
 
 Runtime (:class:`DFlashDrafter`): the drafter keeps a per-layer cache of the context K/V,
 one row per committed position except the last committed token (which is the block's slot 0):
@@ -72,26 +73,26 @@ from ..costs import cost_curve
 from ..errors import SettingsError
 from .base import Draft, DraftContext, Drafter, VerifyFeedback
 from .block_cut import BlockCut, ForwardGate, SharedDraft
-from .block_tree import TREE_TOPK, TreeNode, best_first, path_confidence, tree_draft
-from .context import LazyContextKV, tapped_features
+from .block_tree import TREE_TOPK, TreeNode, best_first, tree_draft
+from .context import LazyContextKV
 from .dflash_checkpoint import (ARCHITECTURE, BUNDLED, BUNDLED_DIR, CONFIG_NAME,  # noqa: F401
                                 MAX_BLOCK_SIZE, WEIGHTS_NAME, _check_compatible, _load_cached,
                                 bundled_checkpoint, init_from_target, load_dflash_checkpoint,
                                 new_dflash_for_target, resolve_checkpoint,
                                 save_dflash_checkpoint)
+from .dflash_gating import GatedBlock
 from .dflash_model import (DRAFT_VOCAB_KEY, DFlashAttention, DFlashDecoderLayer,  # noqa: F401
                            DFlashDraftModel, DFlashMLP, default_target_layer_ids)
 from .dflash_params import (DEFAULT_TREE, MAX_TREE, PARAMS, check_block_size,  # noqa: F401
                             check_settings, drafter_checkpoint, drafter_dtype)
 from .dflash_runtime import drafter_model
 from .registry import MethodSpec
-from .state_probe import load_state_probe, skips
 
 TOPK = 4  # drafter top-k ids/probs recorded per slot (rejected-suffix alignment)
 
 
 # --------------------------------------------------------------------------- the drafter
-class DFlashDrafter(Drafter):
+class DFlashDrafter(GatedBlock, Drafter):
     """DFlash behind the engine's Drafter interface (see the module docstring)."""
 
     name = "dflash"
@@ -131,16 +132,6 @@ class DFlashDrafter(Drafter):
         self.gate_cost = PARAMS["gate_cost"].check(gate_cost)
         self._load_state_probe(checkpoint, state_probe)
         self._reset()
-
-    def _load_state_probe(self, checkpoint, state_probe: str) -> None:
-        """The state probe fitted beside ``checkpoint`` (:mod:`.state_probe`); none where
-        ``state_probe`` is off or the model came without a checkpoint."""
-        self.state_probe_setting = PARAMS["state_probe"].check(state_probe)
-        m = self.model
-        self.state_probe = None if self.state_probe_setting == "off" or checkpoint is None \
-            else load_state_probe(resolve_checkpoint(checkpoint), list(m.target_layer_ids),
-                                  len(self.hidden_state_layers) * int(m.hidden_size))
-        self._probe_x: torch.Tensor | None = None   # tapped features before the next anchor
 
     # -- context cache (specviz.drafters.context.LazyContextKV): every drafter layer's context
     # K/V, projected from queued tapped features when the next block needs them.
@@ -244,23 +235,6 @@ class DFlashDrafter(Drafter):
             return self._propose_tree(probs, words, k, extras)
         return self._propose_chain(probs, logits, chain, words, k, extras)
 
-    def _skips_forward(self, round_index: int, k: int, extras: dict) -> bool:
-        """No drafter forward this round? The forward gate has paused the drafter, or its
-        state probe says the block would not pay (:mod:`.state_probe`, when fitted and on);
-        the verdict goes into ``extras``."""
-        if self.cut is not None and not self.cut.wants_forward(round_index):
-            extras["cut"] = {"kept": 0, "block": k, "paused": True,
-                             **self._gate_state(drafted=False)}
-            return True
-        verdict = self._probe_verdict()
-        if verdict is not None:
-            extras["state_probe"] = verdict
-            if verdict["skip"]:
-                extras["cut"] = {"kept": 0, "block": k, "paused": True,
-                                 **self._gate_state(drafted=False)}
-                return True
-        return False
-
     def _propose_chain(self, probs: torch.Tensor, logits: torch.Tensor | None,
                        chain: list[int] | None, words: torch.Tensor | None, k: int,
                        extras: dict) -> Draft:
@@ -325,43 +299,6 @@ class DFlashDrafter(Drafter):
             nodes = best_first(raw, self.tree_nodes)
         return tree_draft(nodes, raw, ids, extras)
 
-    def _round_cost(self, rnd) -> float | None:
-        """What the drafted round really cost, in one-token forwards: its drafting and verify
-        forward times over the cost model's current one-token step (both measured in this run,
-        under the same load); None (the gate uses c(nodes + 1) + d) with ``gate_cost="model"``
-        or without a timed forward (offline replay)."""
-        step = self.cut.cost.step_time if self.cut is not None else 0.0
-        if self.gate_cost != "measured" or not rnd.t_forward or step <= 0:
-            return None
-        return (float(rnd.t_draft) + float(rnd.t_forward)) / step
-
-    def _probe_verdict(self) -> dict[str, Any] | None:
-        """The state probe's verdict before this round's forward (:mod:`.state_probe`): skip?,
-        predicted accepted length and the threshold c(2) + d - 1; None without a probe (no
-        fitted probe, ``cut`` not auto, or a hybrid's block, judged against its lookup)."""
-        if self.state_probe is None or self._probe_x is None or self.cut is None \
-                or self.cut.gate is None or self.shared is not None \
-                or (self.state_probe_setting == "probes" and not self.cut.gate.off):
-            return None
-        skip, y_hat, threshold = skips(self.state_probe, self._probe_x,
-                                       self.cut.cost.relative(2), self.cut.draft_cost)
-        return {"skip": skip, "predicted": round(y_hat, 3), "threshold": round(threshold, 3)}
-
-    def _keep_probe_features(self, hidden_states, row: int) -> None:
-        """Keep the tapped features of ``row`` (the position before the next anchor) for the
-        state probe; nothing without a probe."""
-        if self.state_probe is not None and hidden_states is not None and row >= 0:
-            self._probe_x = tapped_features(hidden_states, self.hidden_state_layers,
-                                            [row])[0, 0].float().cpu()
-
-    def _gate_state(self, drafted: bool) -> dict[str, Any]:
-        """The forward gate's rate when this round was decided, and whether a drafted round is a
-        probe of the paused drafter (the decode page's gate chart); empty without a gate."""
-        gate = self.cut.gate if self.cut is not None else None
-        if gate is None:
-            return {}
-        return {"rate": round(gate.rate, 3), "probe": bool(drafted and gate.off)}
-
     def observe(self, feedback: VerifyFeedback) -> None:
         rnd = feedback.round
         self.observe_context(feedback)
@@ -382,21 +319,6 @@ class DFlashDrafter(Drafter):
         self._ctx.append(feedback.hidden_states, rows, start)
         if rows:
             self._keep_probe_features(feedback.hidden_states, rows[-1])
-
-    def pop_cut(self, path: list[int]) -> tuple[list[float], int, int] | None:
-        """What the cut learns from the last drafted block, once, given the accepted ``path``
-        of its nodes: (confidence, kept depths, verified nodes) for
-        :meth:`.block_cut.BlockCut.observe` -- a chain's block confidence and kept slots, a
-        tree's drafted mass at each judged depth (:func:`.block_tree.path_confidence`).
-        None when the round drafted no block (paused, no budget) or runs without a cut."""
-        cut, self._last_cut = self._last_cut, None
-        tree, self._last_tree = self._last_tree, None
-        if cut is not None:
-            return cut[0], cut[1], cut[1]
-        if tree is None:
-            return None
-        conf = path_confidence(tree[0], tree[1], path) if tree[0] else []
-        return conf, len(conf), len(tree[0])
 
     def config(self) -> dict[str, Any]:
         return {"checkpoint": self.checkpoint, "block_size": self.block_size,
