@@ -137,6 +137,17 @@ def test_branch_tree_figure_tree(trace):
     fig.to_json()  # serialisable
 
 
+def test_tree_labels_show_quotes_as_quotes(trace):
+    """Plotly decodes &amp; &lt; &gt; and numeric entities but shows &quot; literally: a token
+    with a quote reads as a quote in its box and hover (a node once read '&quot;')."""
+    trace.token_texts[21] = ' "x" & <y>'
+    fig = va.branch_tree_figure(trace, 0)
+    assert any(t in (' "x" &amp; &lt;y&gt;', '<b> "x" &amp; &lt;y&gt;</b>')
+               for t in _annotations(fig))
+    hovers = " ".join(str(h) for tr in fig.data for h in (tr.hovertext or ()) if h)
+    assert """token 21: ' "x" &amp; &lt;y&gt;'""" in hovers and "&quot;" not in hovers
+
+
 def test_branch_tree_figure_chain_empty_and_out_of_range(trace):
     chain = va.branch_tree_figure(trace, 1)
     assert "chain" in chain.layout.title.text and len(_annotations(chain)) == 1 + 4 + 1

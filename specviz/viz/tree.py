@@ -32,6 +32,12 @@ STATUS_LABELS = {
 _FONT = dict(family="Inter, system-ui, sans-serif", size=12, color="#1e293b")
 
 
+def plotly_text(s: str) -> str:
+    """``s`` safe in Plotly's text and hover labels: only & < > escaped -- Plotly decodes those
+    and numeric entities, but shows a named one like ``&quot;`` literally."""
+    return html.escape(s, quote=False)
+
+
 def is_sampling(trace: Trace) -> bool:
     """True when the trace was verified by sampling (temperature > 0)."""
     settings = trace.meta.get("settings") or {}
@@ -114,12 +120,12 @@ def _node_hover(trace: Trace, r: Round, i: int, status: str, depth: int,
     if status in ("first_rejected", "rejected") and row < len(r.target_argmax):
         want = int(r.target_argmax[row])
         lines.append(f"target's top token here: {texts.get(want, '')!r}")
-    return "<br>".join(html.escape(s) for s in lines)
+    return "<br>".join(plotly_text(s) for s in lines)
 
 
 def _box(fig: go.Figure, x, y, text, fill, line, width=1.5, bold=False) -> None:
-    fig.add_annotation(x=x, y=y, text=("<b>%s</b>" % html.escape(text)) if bold
-                       else html.escape(text), showarrow=False, bgcolor=fill,
+    fig.add_annotation(x=x, y=y, text=("<b>%s</b>" % plotly_text(text)) if bold
+                       else plotly_text(text), showarrow=False, bgcolor=fill,
                        bordercolor=line, borderwidth=width, borderpad=4,
                        font=dict(family="ui-monospace, Menlo, Consolas, monospace", size=12,
                                  color="#0f172a"))
@@ -146,7 +152,7 @@ def _target_node(fig: go.Figure, trace: Trace, r: Round, xs, ys, rows: float):
                     hoverinfo="skip", showlegend=False)
     tt = r.target_token
     _marker(fig, [tx], [ty], label, *STATUS_COLORS[kind],
-            [html.escape(f"{label}: {trace.token_texts.get(tt, '')!r}")])
+            [plotly_text(f"{label}: {trace.token_texts.get(tt, '')!r}")])
     return tx, ty, kind, rows + (1 if has_kids else 0)
 
 
@@ -181,7 +187,7 @@ def branch_tree_figure(trace: Trace, round_index: int, show_target: bool = True,
                      for i, s in zip(idx, [st_] * len(idx))])
     root = root_token(trace, round_index)
     _marker(fig, [0.0], [0.0], "root", STATUS_COLORS["root"][0], STATUS_COLORS["root"][0],
-            [html.escape(f"root: last committed token {texts.get(root, '')!r} "
+            [plotly_text(f"root: last committed token {texts.get(root, '')!r} "
                          f"(position {r.start - 1})")], legend=False)
     _box(fig, 0.0, 0.0, short_text(texts.get(root, "") if root is not None else "root"),
          *STATUS_COLORS["root"], width=2)
