@@ -124,8 +124,7 @@ if trace is not None:
     pairs = [r.index for r in trace.rounds if vr.pair_rows(trace, r.index) is not None]
     st.markdown("##### A rejected suffix and the next block")
     if not pairs:
-        st.caption("No round here rejected two or more draft tokens and was followed by a "
-                   "drafted round: there is no rejected suffix to lay under a next block.")
+        st.caption(vr.no_pairs_note(trace))
     else:
         sel = st.select_slider("Round (that follows a rejected suffix)", options=[p + 1 for p in pairs],
                                key="rt_round") if len(pairs) > 1 else pairs[0] + 1

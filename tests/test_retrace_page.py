@@ -93,6 +93,9 @@ def test_no_memory_note_says_why():
     bare.meta["method"] = "dflash"
     note = vr.no_memory_note(bare)
     assert "it was made with **DFLASH**" in note and "carried no memory" not in note
+    assert "rejected two or more" in vr.no_pairs_note(bare)    # chain rounds
+    bare.rounds[1].parents = [-1, 0]                            # a token tree
+    assert "token trees" in vr.no_pairs_note(bare)
 
 
 @pytest.mark.parametrize("extras", [True, False])

@@ -4,9 +4,10 @@ A lexical match of two or more tokens goes first, unless the history store knows
 context that disagrees with it and is more probable (``_rival``). Otherwise the sources that go
 on one token of context -- the semantic window match, the history store, the 1-gram copy --
 compete on their first-token record in the run; the ones not drafted are scored on the round's
-committed tokens (``shadow``, :meth:`AdaPLDDrafter.observe`), since the target's next token does
-not depend on the draft. A mixin of :class:`~specviz.drafters.adapld.AdaPLDDrafter`: it reads
-the drafter's indexes, store and records.
+committed tokens (``shadow``, :meth:`~.adapld_feedback.RoundControl.observe`), since the
+target's next token does not depend on the draft. A mixin of
+:class:`~specviz.drafters.adapld.AdaPLDDrafter`: it reads the drafter's indexes, store and
+records.
 """
 from __future__ import annotations
 

@@ -240,10 +240,6 @@ def _pending_texts(target, pairs: list[TextPair | TokenText], out: Path,
     return todo
 
 
-
-
-
-
 def _write_shard(out: Path, shard: str, batch: list[tuple], hid: list,
                  greedy: list) -> tuple[int, int]:
     """Write one prefilled batch as ``shard`` (``r{j}.tokens`` / ``.hidden`` / ``.greedy``),
@@ -266,8 +262,6 @@ def _write_shard(out: Path, shard: str, batch: list[tuple], hid: list,
     with open(out / MANIFEST_NAME, "a", encoding="utf-8") as fh:
         fh.writelines(json.dumps(line) + "\n" for line in lines)
     return ntok, nexact
-
-
 
 
 def make_prefill_set(target, pairs: list[TextPair | TokenText], out: str | Path, layer_ids=None,

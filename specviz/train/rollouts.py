@@ -290,10 +290,6 @@ def _pending_prompts(target, items: list, out: Path, chat_template: bool | None,
     return todo
 
 
-
-
-
-
 def _write_shard(out: Path, shard: str, batch: list[tuple], res: BatchResult,
                  holdout: float) -> int:
     """Write one generated batch as ``shard`` (``r{j}.tokens`` / ``.hidden`` / sampled: ``.p``),
@@ -320,8 +316,6 @@ def _write_shard(out: Path, shard: str, batch: list[tuple], res: BatchResult,
         for line in lines:
             fh.write(json.dumps(line) + "\n")
     return sum(line["reply_len"] for line in lines)
-
-
 
 
 def make_rollouts(target, items: list, out: str | Path, max_new_tokens: int = 256,

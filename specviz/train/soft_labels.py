@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import SettingsError, SpecvizError
-from .prefill import right_padded, token_batches
 from .loop import step_bar
+from .prefill import right_padded, token_batches
 from .rollout_store import RolloutSet
 
 META_NAME = "soft.json"
@@ -124,8 +124,6 @@ def _write_sidecar(folder: Path, shard: str, tensors: dict) -> None:
     tmp = folder / (sidecar_name(shard) + ".tmp")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, folder / sidecar_name(shard))
-
-
 
 
 def make_soft_labels(target, folder: str | Path, k: int = 8, batch_tokens: int = 4096,

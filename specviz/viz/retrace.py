@@ -49,10 +49,22 @@ def no_memory_note(trace: Trace) -> str | None:
     drafted = sum(1 for r in trace.rounds if r.draft)
     return (f"ReTrace carried no memory in this run: no drafted round followed a round that "
             f"rejected two or more draft tokens (the memory is the rejected tokens after the "
-            f"first mismatch, and it lives one round). The drafter drafted in {drafted} of "
-            f"{trace.num_rounds} rounds (tau {trace.tau:.2f}): its forward gate pauses it where "
-            f"drafting does not pay. {tail}; a prompt where DFlash drafts well (math, code) "
-            f"shows the memory at work.")
+            f"first mismatch, and it lives one round), or the trace was saved before ReTrace "
+            f"recorded its memory. The drafter drafted in {drafted} of {trace.num_rounds} rounds "
+            f"(tau {trace.tau:.2f}): its forward gate pauses it where drafting does not pay. "
+            f"{tail}; a prompt where DFlash drafts well (math, code) shows the memory at work.")
+
+
+def no_pairs_note(trace: Trace) -> str:
+    """Why no round can be drawn under a rejected suffix: token-tree rounds (DFlash's default,
+    :mod:`specviz.drafters.block_tree`) are not laid out by position, or no chain round rejected
+    two or more tokens before the next round."""
+    if any(r.is_tree for r in trace.rounds):
+        return ("This run drafts token trees (several candidates per position), which are not "
+                "laid out here: a rejected suffix and the next block are drawn for chain rounds "
+                "(ReTrace, PLD, DFlash with tree=0).")
+    return ("No round here rejected two or more draft tokens before the next round: there is "
+            "no rejected suffix to lay under a next block.")
 
 
 def gate_forced_off(trace: Trace) -> bool:
