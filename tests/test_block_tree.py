@@ -247,7 +247,7 @@ def test_views_of_a_tree_round(tiny_target):
     assert int(viz.confidence_calibration(tr)["judged"].sum()) >= judged > 0
     tree = viz.block_tree_figure(tr, i)
     hovers = " ".join(str(h) for t in tree.data for h in (t.hovertext or []))
-    assert "the slot&#x27;s top word" in hovers and "2nd word" in hovers
+    assert "the slot's top word" in hovers and "2nd word" in hovers
 
 
 @pytest.mark.integration
