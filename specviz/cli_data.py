@@ -33,7 +33,7 @@ def cmd_train_rollouts(args) -> int:
         if not items:
             raise SpecvizError("--exclude left no prompts")
     target = load_target(args.model, device=args.device, dtype="float32")
-    tc = getattr(target.model.config, "text_config", None) or target.model.config
+    tc = target.text_config
     layers = parse_layers(args.layers, int(tc.num_hidden_layers), k=args.num_features)
     print(f"{len(items)} prompts; tapped target layers {layers}; out {out}")
     res = make_rollouts(target, items, out, max_new_tokens=args.max_new_tokens,
@@ -103,7 +103,7 @@ def cmd_train_prefill(args) -> int:
     if not pairs:
         raise SpecvizError("no texts selected (every one excluded or without a reference reply)")
     target = load_target(args.model, device=args.device, dtype="float32")
-    tc = getattr(target.model.config, "text_config", None) or target.model.config
+    tc = target.text_config
     layers = parse_layers(args.layers, int(tc.num_hidden_layers), k=args.num_features)
     print(f"{len(pairs)} texts; tapped target layers {layers}; out {args.out}")
     res = make_prefill_set(target, pairs, args.out, layer_ids=layers,

@@ -94,6 +94,13 @@ class Target:
         return self.model.config
 
     @property
+    def text_config(self):
+        """The language model's config (a multimodal model's ``text_config``): layer count,
+        hidden size."""
+        cfg = self.model.config
+        return getattr(cfg, "text_config", None) or cfg
+
+    @property
     def max_context(self) -> int:
         cfg = self.model.config
         return int(getattr(cfg, "max_position_embeddings", 2048) or 2048)

@@ -103,7 +103,7 @@ def check_rollouts(target, rollout_set, drafters: dict) -> None:
     """One clear error when the rollouts were made by another target or tapped other layers
     than a hidden-state drafter reads."""
     meta = rollout_set.meta
-    tc = getattr(target.model.config, "text_config", None) or target.model.config
+    tc = target.text_config
     want = {"hidden_size": int(tc.hidden_size), "num_target_layers": int(tc.num_hidden_layers),
             "vocab_size": int(target.model.get_input_embeddings().num_embeddings)}
     bad = [f"{k} {meta.get(k)} (rollouts) vs {v} (target)" for k, v in want.items()

@@ -39,7 +39,7 @@ def _check_rollouts(target, meta: dict, rollouts_dir, train_set: TrainData) -> N
     """Clear errors for an empty training set or rollouts made with another target."""
     if not len(train_set):
         raise SpecvizError(f"{rollouts_dir} has no train rollouts and no --prefill data given")
-    tc = getattr(target.model.config, "text_config", None) or target.model.config
+    tc = target.text_config
     if int(meta["hidden_size"]) != int(tc.hidden_size) or \
             int(meta["num_target_layers"]) != int(tc.num_hidden_layers):
         raise SpecvizError(f"the rollouts were made with another target ({meta.get('model')}): "

@@ -212,7 +212,7 @@ def _write_meta(target, out: Path, layer_ids, store_dtype: str,
                 model_name: str | None) -> list[int]:
     """Create ``out`` and write (or check) its ``meta.json``; returns the tapped layer ids
     (default: the DFlash default of :func:`parse_layers`)."""
-    tc = getattr(target.model.config, "text_config", None) or target.model.config
+    tc = target.text_config
     L, H = int(tc.num_hidden_layers), int(tc.hidden_size)
     layer_ids = list(layer_ids) if layer_ids is not None else parse_layers(None, L)
     out.mkdir(parents=True, exist_ok=True)

@@ -255,7 +255,7 @@ def _check_settings(max_new_tokens: int, batch_size: int, holdout: float,
 
 def _target_dims(target) -> tuple[int, int]:
     """(number of layers, hidden size) of the target's text model."""
-    tc = getattr(target.model.config, "text_config", None) or target.model.config
+    tc = target.text_config
     return int(tc.num_hidden_layers), int(tc.hidden_size)
 
 
