@@ -382,7 +382,7 @@ def test_retrace_and_edr_pages(server, browser):
         page.wait_for_selector(IDLE, timeout=240_000)
         assert page.locator("[data-testid='stException']").count() == 0
         assert page.locator(".rt-grid").count() >= 1 or \
-            page.get_by_text("No round of this run").count() == 1
+            page.get_by_text("No round here rejected two or more draft tokens").count() == 1
         page.wait_for_timeout(1000)
         page.screenshot(path=str(ARTIFACTS / "retrace.png"))
         page.get_by_role("link", name="EDR: where the rounds go").click()
