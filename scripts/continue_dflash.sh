@@ -6,7 +6,7 @@
 # dev prompts are excluded (see scripts/make_store.sh). Called by retrain_dflash_c3.sh and
 # retrain_dflash_c4.sh, which set TAG, GSM_FROM, GSM_TO, PREV (folder of the drafter to
 # continue) and PREV_COMMIT (the commit whose bundled drafter that is). Every step resumes when
-# rerun; BUNDLE=1 adds step 5. 2-core CPU timings in the README.
+# rerun; BUNDLE=1 adds step 5. 2-core CPU timings in docs/dflash.md.
 : "${TAG:?}" "${GSM_FROM:?}" "${GSM_TO:?}" "${PREV:?}" "${PREV_COMMIT:?}"
 . "$(dirname "$0")/rollouts_common.sh"   # D, L, R; step 1: the held-out runs/eval-rollouts
 # 2. training rollouts (~140 new tokens/s): fresh GSM8K, then the replay sets

@@ -1,5 +1,5 @@
 """Target forward time over k new tokens on a 300-token cache (issue 10: the OpenMP-waiting
-table in the README). Median of 21 after 3 warm-ups; prints the load's kernel choice, ms per k
+table in docs/cpu-verify.md). Median of 21 after 3 warm-ups; prints the load's kernel choice, ms per k
 and c(k) = ms(k) / ms(1). Run with the environment to compare, e.g.
 
     GOMP_SPINCOUNT=0 python scripts/forward_ms.py      # passive waiting (sleep at once)

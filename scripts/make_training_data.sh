@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The training / held-out data behind the figures in the README (2-core CPU timings there).
+# The training / held-out data behind the figures in the README (2-core CPU timings in docs/dflash.md).
 # Bench prompts (the first 10 per Spec-Bench category, 30 GSM8K, 30 MBPP, 25 Alpaca) are
 # excluded everywhere. Outputs go to runs/ (git-ignored). Run from the repository root.
 set -euo pipefail

@@ -1,5 +1,5 @@
 """Prefill time of a 1,000-token prompt with the LM head on the last row only (specviz's
-default) and on every row (before): the README's "Two costs nobody asked for". Median of 6
+default) and on every row (before): docs/cpu-verify.md, "Two costs nobody asked for". Median of 6
 sessions per mode, alternating. Run from the repository root:
 
     python scripts/prefill_ms.py

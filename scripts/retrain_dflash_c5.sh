@@ -6,7 +6,7 @@
 # forgetting. Held out: runs/eval-rollouts (GSM8K, MBPP, Spec-Bench), Alpaca rows 150-174
 # (runs/eval-alpaca) and 60 Magpie prompts of another seed (runs/eval-magpie). Bench prompts
 # (Spec-Bench rows 0-9, GSM8K 0-29, MBPP 0-29, Alpaca 0-24) are in no set. Every step resumes
-# when rerun; BUNDLE=1 adds step 5. 2-core CPU timings in the README.
+# when rerun; BUNDLE=1 adds step 5. 2-core CPU timings in docs/dflash.md.
 . "$(dirname "$0")/rollouts_common.sh"   # D, L, R; step 1: the held-out runs/eval-rollouts
 # 1. (cont.) held-out dialogue: Alpaca rows 150-174, Magpie prompts of another seed
 $R --data $D/alpaca_seed_tasks.jsonl --exclude $D/alpaca_seed_tasks.jsonl:150 --out runs/eval-alpaca

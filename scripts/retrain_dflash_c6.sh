@@ -7,7 +7,7 @@
 # Spec-Bench), Alpaca rows 150-174 (runs/eval-alpaca; in the first drafter's training, in
 # neither c5's nor c6's), 60 Magpie prompts of seed 3 (runs/eval-magpie3). Bench prompts
 # (Spec-Bench rows 0-9, GSM8K 0-29, MBPP 0-29, Alpaca 0-24) are in no set. Every step resumes
-# when rerun; BUNDLE=1 adds step 5. 2-core CPU timings in the README.
+# when rerun; BUNDLE=1 adds step 5. 2-core CPU timings in docs/dflash.md.
 . "$(dirname "$0")/rollouts_common.sh"   # D, L, R; step 1: the held-out runs/eval-rollouts
 P="python -m specviz train prompts"
 # 1. (cont.) held-out dialogue: Alpaca rows 150-174; Magpie prompts of seed 3 (not in seed 0)

@@ -3,7 +3,7 @@
 # that AdaPLD's history store is counted from (scripts/make_store.sh: 1,620 greedy replies,
 # generated anyway, stored with one tapped layer), re-tapped at the drafter's five layers at
 # prefill speed; then the ReTrace fusion retrained on the new backbone (issue 11 asks that the
-# bundled fusion be the one trained on the bundled backbone). 2-core CPU timings in the README.
+# bundled fusion be the one trained on the bundled backbone). 2-core CPU timings in docs/dflash.md.
 # Needs runs/store-* (scripts/make_store.sh, ~45 min) and runs/eval-rollouts
 # (scripts/make_training_data.sh step 1, ~4 min). Bench / held-out / AdaPLD-dev prompts are
 # excluded from the store's rollouts (see make_store.sh). Every step resumes when rerun.

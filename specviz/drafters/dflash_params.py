@@ -49,7 +49,7 @@ PARAMS = params_by_name(
                    "accepted length (a linear read-out of the target's state, fitted for this "
                    "drafter and stored beside its checkpoint) cannot pay for the forward and "
                    "the smallest verify; probes = only in the paused drafter's probe rounds; "
-                   "off = the forward gate alone (measured no faster, see the README). "
+                   "off = the forward gate alone (measured no faster: docs/dflash-rounds.md). "
                    "Drafters without a fitted probe ignore it. Lossless either way."),
     ParamSpec("gate_cost", str, "measured", choices=("measured", "model"), label="Gate cost",
               help="What the forward gate charges a drafted round (cut auto): measured = the "

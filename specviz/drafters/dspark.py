@@ -23,7 +23,7 @@ Conventions:
   lossless under rejection sampling.
 
 Bundled drafter: ``specviz/weights/dspark-smollm2-135m-instruct`` (the bundled DFlash drafter
-with a rank-16 Markov head, fine-tuned with the EDR objective: README, "EDR").
+with a rank-16 Markov head, fine-tuned with the EDR objective: docs/edr.md).
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ smallest verify,
 is a plain decoding step (no drafter forward). On an accelerator c(2) ~ 1 and d ~ 0, so it
 almost never skips. Verification is unchanged: lossless either way.
 
-Measured (README, "Reading the target's state before drafting"): the bundled drafter's probe
+Measured (docs/dflash-rounds.md, "Reading the target's state before drafting"): the bundled drafter's probe
 predicts held-out accepted length with Pearson r 0.51-0.54 overall, but only 0.13-0.18 *within*
 the categories where DFlash does not pay (translation, summarization, RAG, QA) -- there it mostly
 tells the category apart, which the forward gate already learns from the run -- and offline
