@@ -101,7 +101,10 @@ def compare_columns(wall_help: str = "Prefill + decoding") -> dict:
     with their one definition (specviz.analysis.metrics)."""
     num = st.column_config.NumberColumn
     return {
+        "new_tokens": num("new tokens", help="Tokens generated (all prompts together)"),
         "tau": num("tau", format="%.2f", help=METRIC_HELP["tau"]),
+        "tokens_per_s": num("tokens / s", format="%.1f",
+                            help="New tokens ÷ wall time (prefill + decoding)"),
         "target_forwards": num("target forwards", help=METRIC_HELP["target_forwards"]),
         "wall_s": num("wall time (s)", format="%.2f", help=wall_help),
         "speedup_vs_ar": num("speedup vs AR", format="%.2f×", help=METRIC_HELP["speedup_vs_ar"]),
@@ -324,7 +327,7 @@ def _gate_section(view: Trace, prefix: str) -> None:
 def _cost_section(view: Trace, prefix: str) -> None:
     """The measured verify-cost curve and the target's numerics / kernels."""
     with st.expander("Verify cost on this machine (what longer drafts cost)"):
-        st.caption("Measured on the loaded model when the first run started, then refined "
+        st.caption("Measured on the loaded model when it was loaded, then refined "
                    "from every round's own verify forward. In float32 on a CPU the curve "
                    "is a step: one new token runs matrix-vector kernels, two or more run "
                    "matrix-matrix kernels; packed kernels with sibling linears fused (chosen "

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from .costs import cost_model_for
 from .drafters.registry import ParamSpec
 from .engine import DecodeSettings, Session
 from .errors import SettingsError, SpecvizError, TraceError
@@ -202,6 +203,9 @@ class TargetCache:
         if progress:
             progress(0.9, "Warming up (one short generation) …")
         warm_up(target)
+        if progress:
+            progress(0.95, "Measuring what a verify of k tokens costs on this machine …")
+        cost_model_for(target)  # every run's trace carries the curve (the speedup estimate)
         if progress:
             progress(1.0, "Model ready")
         return target

@@ -478,3 +478,26 @@ def test_dflash_decode_shows_slot_confidence():
     assert any("Drafter confidence per slot" in m.value for m in at.markdown)
     assert "rate" in ex["cut"] and any("forward gate" in e.label for e in at.expander)
     assert any("Forward gate: when the drafter ran" in s for s in specs)
+
+
+def test_loaded_target_has_a_measured_cost_curve(tiny_target, monkeypatch):
+    """The app measures the verify-cost curve when it loads a model, so every run's trace carries
+    it and the Decode page's speedup estimate of a method that drafts every round (PLD) charges
+    its wide verifies their measured cost instead of assuming they cost one plain step."""
+    import specviz.models
+    from specviz import costs
+    from specviz.drafters import make_drafter
+
+    monkeypatch.setattr(specviz.models, "load_target", lambda name, progress=None: tiny_target)
+    monkeypatch.setattr(costs, "_CACHE", {})
+    steps = []
+    target = appstate.TargetCache().get("tiny", progress=lambda f, t: steps.append(t))
+    assert any("verify" in t for t in steps)
+    model = costs.cached_model(target)
+    assert model is not None and model.kind == "measured" and model.step_time > 0
+    tr = Session(target, make_drafter("pld", num_output_tokens=8), [5, 6, 7, 5, 6, 7, 5, 6] * 4,
+                 DecodeSettings(max_new_tokens=24, chat_template=False)).run()
+    assert tr.meta["cost_model"]["step_time"] > 0
+    est = viz.speedup_estimate(tr)
+    assert est.value is not None
+    assert "verify-cost model" in est.basis or "without a draft" in est.basis

@@ -316,8 +316,11 @@ def test_the_first_mismatch_is_marked_apart_with_the_targets_choice(trace):
                                                      (41, "rejected")]
     assert rej[0].target_argmax == 20 and rej[0].target_argmax_p == 0.6
     h = viz.tokens_html(trace)
-    first = re.search(r'<span class="tok rejected first"[^>]*>(.*?)</span></span>', h).group(1)
-    assert 'class="want">target:  w20 60%' in first
+    # the target's choice sits under the first rejected token, in one box that reserves its
+    # width (a label wider than its token never runs under the next one)
+    first = re.search(r'<span class="rj"><span class="tok rejected first"[^>]*>([^<]*)</span>'
+                      r'(.*?)</span></span>', h)
+    assert first.group(1) == " w11" and first.group(2).endswith('>→ w20 60%')
     unjudged = re.search(r'<span class="tok rejected unjudged" title="([^"]*)"', h).group(1)
     assert "never judged" in unjudged and "target prob p" not in unjudged
     assert h.count('class="want"') == 1

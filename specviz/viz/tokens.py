@@ -181,10 +181,11 @@ TOKEN_CSS = """
 .specviz-tokens .tok.bonus.t-nodraft{background:#f1f5f9;border-color:#94a3b8;color:#1e293b;}
 .specviz-tokens .tok.rejected{background:#fee2e2;border:1px dashed #dc2626;color:#991b1b;
  text-decoration:line-through;text-decoration-thickness:1.5px;opacity:0.55;font-size:0.78em;}
-.specviz-tokens .tok.rejected.first{opacity:0.95;border:2px solid #dc2626;font-size:0.86em;
- position:relative;margin-bottom:1.1em;}
+.specviz-tokens .tok.rejected.first{opacity:0.95;border:2px solid #dc2626;font-size:0.86em;}
+.specviz-tokens .rj{display:inline-flex;flex-direction:column;align-items:flex-start;
+ margin-bottom:0.15em;}
 .specviz-tokens .tok.rejected.unjudged{opacity:0.4;border-style:dotted;}
-.specviz-tokens .tok .want{position:absolute;left:0;top:100%;margin-top:1px;white-space:pre;
+.specviz-tokens .rj .want{margin:1px 1px 0 1px;white-space:pre;
  font-size:0.72rem;line-height:1.1;color:#7c2d12;background:#fff7ed;border:1px solid #fdba74;
  border-radius:3px;padding:0 3px;text-decoration:none;display:inline-block;}
 .specviz-tokens .tok.sel{box-shadow:0 2px 0 0 #4338ca;}
@@ -215,8 +216,8 @@ def _wanted_html(v: TokenView, texts: dict[int, str]) -> str:
     if v.status != "first_rejected" or v.target_argmax is None or v.target_argmax < 0:
         return ""
     p = "" if v.target_argmax_p is None else f" {float(v.target_argmax_p):.0%}"
-    return (f'<span class="want">target: {visible_text(texts.get(v.target_argmax, ""))}{p}'
-            '</span>')
+    return (f'<span class="want" title="the target\'s own token here, and its probability">'
+            f'→{visible_text(texts.get(v.target_argmax, ""))}{p}</span>')
 
 
 def tokens_html(trace: Trace, rejected: str = "all", selected_round: int | None = None,
@@ -234,9 +235,10 @@ def tokens_html(trace: Trace, rejected: str = "all", selected_round: int | None 
             parts.append(f'<span class="rsep" title="round {v.round + 1} starts"></span>')
         last_round = v.round
         title = html.escape(token_title(v, texts), quote=True).replace("\n", "&#10;")
-        parts.append(f'<span class="{v.css_class}" title="{title}" data-round="{v.round}" '
-                     f'data-pos="{v.position}">{visible_text(v.text)}{_wanted_html(v, texts)}'
-                     '</span>')
+        box = (f'<span class="{v.css_class}" title="{title}" data-round="{v.round}" '
+               f'data-pos="{v.position}">{visible_text(v.text)}</span>')
+        want = _wanted_html(v, texts)  # under the box, its width reserved (labels never overlap)
+        parts.append(f'<span class="rj">{box}{want}</span>' if want else box)
         if "\n" in v.text and v.kind != "rejected":
             parts.append("<br>")
     parts.append("</div>")
@@ -251,7 +253,7 @@ def legend_html(include_css: bool = False) -> str:
         ("tok bonus t-bonus", "the", "target's token: bonus after a fully accepted draft"),
         ("tok bonus t-nodraft", "the", "target's token, no draft (plain step)"),
         ("tok rejected first", "the", "first rejected draft token: the target disagreed "
-         "here (its own choice is shown below it)"),
+         "here (→ below it: the target's own token and its probability)"),
         ("tok rejected unjudged", "the", "later draft tokens: never judged (they followed a "
          "rejected token)"),
     ]
