@@ -91,8 +91,9 @@ copies in :mod:`.adapld_control` (each round's plan and what its verify teaches 
 :mod:`.adapld_shortcuts`), the settings table in :mod:`.adapld_params`; this module is the
 drafter that ties them together (retrieve -> plan -> hypotheses -> tree; observe).
 
-Measured figures (bench tables on the dev sets, the design notes behind the defaults) are in
-docs/adapld.md, "AdaPLD and its ablations vs PLD and AR".
+Measured figures are in docs/adapld.md: the bench tables (from "AdaPLD and its ablations vs
+PLD and AR" on), the design notes behind the defaults ("AdaPLD with a sceptical prior for weak
+evidence") and the sources added since (history store, reply openings).
 """
 from __future__ import annotations
 
