@@ -197,6 +197,20 @@ def repetitive_prompt(rng, vocab: int, length: int) -> list[int]:
 _AR_CACHE: dict = {}
 
 
+def ar_reply(target, prompt, max_new_tokens: int) -> tuple[list[int], list[int]]:
+    """(prompt ids, plain greedy reply) for a text ``prompt``, from the AR cache where a run at
+    least this long is cached (a greedy reply's first n tokens are the n-token greedy reply, or
+    all of it when it stopped at EOS before)."""
+    from specviz.engine import DecodeSettings, generate
+
+    for (tid, text, n), tr in _AR_CACHE.items():
+        if tid == id(target) and text == prompt and n >= max_new_tokens:
+            return list(tr.prompt_ids), tr.output_ids[:max_new_tokens]
+    tr = generate(target, "ar", prompt, DecodeSettings(max_new_tokens=max_new_tokens))
+    _AR_CACHE[(id(target), prompt, max_new_tokens)] = tr
+    return list(tr.prompt_ids), tr.output_ids
+
+
 def greedy_lossless_runs(target, method: str, prompts: list[dict], max_new_tokens: int,
                          **params) -> list[tuple]:
     """Greedy runs of ``method`` on real ``prompts`` next to plain greedy decoding (AR outputs

