@@ -98,7 +98,9 @@ else:
                    "over the runs that write this text; the real run is one sampled draw (top-p is "
                    "not applied on this page).")
     st.dataframe(pd.DataFrame(ve.summary_rows(res.results, ss.get("edr_actual"))),
-                 hide_index=True, width="stretch")
+                 hide_index=True, width="stretch",
+                 column_config={c: st.column_config.Column(c, help=h)
+                                for c, h in ve.SUMMARY_HELP.items()})
     labels = list(res.results)
     st.markdown("##### Where rounds start, on the text")
     which = st.radio("Drafter", labels, horizontal=True, key="edr_which",

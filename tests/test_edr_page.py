@@ -84,6 +84,9 @@ def test_views():
     assert list(diff) == [0, 1, 1, 0, 1, 1]
     rows = ve.summary_rows(results, {"A": 2, "B": 6})
     assert rows[0]["expected rounds (EDR)"] == 2 and rows[1]["rounds of a real run"] == 6
+    # the paper's AR_k, under a name that is not plain decoding's "AR", each column explained
+    assert rows[0]["slot 1 accepted"] == 1.0 and not any(k.startswith("AR") for k in rows[0])
+    assert set(rows[0]) - {"drafter", "tokens"} <= set(ve.SUMMARY_HELP)
     assert ve.fig_acceptance(a, "A").data
 
 

@@ -84,16 +84,34 @@ def fig_difference(results: dict) -> go.Figure:
     return fig
 
 
+def acceptance_column(k: int) -> str:
+    """The summary table's name for the paper's AR_k."""
+    return f"slot {k} accepted"
+
+
+#: what the summary table's columns mean (the EDR page's column help)
+SUMMARY_HELP = {
+    "expected rounds (EDR)": "Exact expected number of decoding rounds to write this reply "
+                             "(the sum of the occupancies d_n)",
+    "tau = tokens / EDR": "Expected tokens committed per round",
+    "rounds of a real run": "Rounds of a real speculative run of this drafter on the prompt",
+    **{acceptance_column(k): f"P(draft slot {k} accepted | slots before it accepted), weighted "
+       f"by how often the run starts a round at each state (the EDR paper's AR_{k})"
+       for k in (1, 2, 3)},
+}
+
+
 def summary_rows(results: dict, actual: dict | None = None) -> list[dict]:
-    """One row per drafter: expected rounds, mean accepted length, AR_1..AR_3, and the rounds
-    of a real run on the same prompt (when given)."""
+    """One row per drafter: expected rounds, mean accepted length, the paper's AR_1..AR_3
+    (named "slot k accepted" here: "AR" is plain decoding everywhere else in specviz), and the
+    rounds of a real run on the same prompt (when given)."""
     rows = []
     for label, r in results.items():
         ar = r.position_acceptance.tolist()
         row = {"drafter": label, "expected rounds (EDR)": round(r.edr, 2),
                "tokens": r.tokens, "tau = tokens / EDR": round(r.mean_accepted_length, 3)}
         for k in range(min(3, len(ar))):
-            row[f"AR_{k + 1}"] = round(ar[k], 3)
+            row[acceptance_column(k + 1)] = round(ar[k], 3)
         if actual is not None and label in actual:
             row["rounds of a real run"] = actual[label]
         rows.append(row)
