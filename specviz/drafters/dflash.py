@@ -32,8 +32,8 @@ e.g. ``z-lab/Qwen3-8B-DFlash-b16``; loaded WITHOUT ``trust_remote_code``, strict
   such key and score the full vocabulary.
 
 Bundled drafter: ``specviz/weights/dflash-smollm2-135m-instruct`` was trained by
-``python -m specviz train rollouts`` + ``train dflash`` (docs/dflash.md) for the embedded target and
-then continued six times on more greedy rollouts (``scripts/retrain_dflash.sh``,
+``python -m specviz train rollouts`` + ``train dflash`` (docs/dflash.md) for the embedded
+target and then continued six times on more greedy rollouts (``scripts/retrain_dflash.sh``,
 ``retrain_dflash_store.sh``, ``retrain_dflash_c3.sh`` ... ``retrain_dflash_c6.sh``; the last two
 on Magpie dialogue the target writes itself); the bundled one now is c6's recipe with soft labels
 (the target's top-8, ``scripts/ab_soft_labels.sh``) run for 2,000 steps

@@ -22,11 +22,11 @@ smallest verify,
 is a plain decoding step (no drafter forward). On an accelerator c(2) ~ 1 and d ~ 0, so it
 almost never skips. Verification is unchanged: lossless either way.
 
-Measured (docs/dflash-rounds.md, "Reading the target's state before drafting"): the bundled drafter's probe
-predicts held-out accepted length with Pearson r 0.51-0.54 overall, but only 0.13-0.18 *within*
-the categories where DFlash does not pay (translation, summarization, RAG, QA) -- there it mostly
-tells the category apart, which the forward gate already learns from the run -- and offline
-replay showed no speed-up, so ``state_probe`` is off by default (``on``, or ``probes`` for the
+Measured (docs/dflash-rounds.md, "Reading the target's state before drafting"): the bundled
+drafter's probe predicts held-out accepted length with Pearson r 0.51-0.54 overall, but only
+0.13-0.18 *within* the categories where DFlash does not pay (translation, summarization, RAG,
+QA) -- there it mostly tells the category apart, which the forward gate already learns from the
+run -- and offline replay showed no speed-up, so ``state_probe`` is off by default (``on``, or ``probes`` for the
 paused drafter's probe rounds only, turn it on).
 
 Stored as ``state_probe.safetensors`` beside the drafter checkpoint it was fitted for, with the
