@@ -201,14 +201,21 @@ def ar_reply(target, prompt, max_new_tokens: int) -> tuple[list[int], list[int]]
     """(prompt ids, plain greedy reply) for a text ``prompt``, from the AR cache where a run at
     least this long is cached (a greedy reply's first n tokens are the n-token greedy reply, or
     all of it when it stopped at EOS before)."""
+    longer = [n for tid, text, n in _AR_CACHE
+              if tid == id(target) and text == prompt and n >= max_new_tokens]
+    tr = ar_trace(target, prompt, min(longer, default=max_new_tokens))
+    return list(tr.prompt_ids), tr.output_ids[:max_new_tokens]
+
+
+def ar_trace(target, prompt: str, max_new_tokens: int):
+    """Plain greedy decoding's trace of ``prompt``, made once per (target, prompt, length)."""
     from specviz.engine import DecodeSettings, generate
 
-    for (tid, text, n), tr in _AR_CACHE.items():
-        if tid == id(target) and text == prompt and n >= max_new_tokens:
-            return list(tr.prompt_ids), tr.output_ids[:max_new_tokens]
-    tr = generate(target, "ar", prompt, DecodeSettings(max_new_tokens=max_new_tokens))
-    _AR_CACHE[(id(target), prompt, max_new_tokens)] = tr
-    return list(tr.prompt_ids), tr.output_ids
+    key = (id(target), prompt, max_new_tokens)
+    if key not in _AR_CACHE:
+        settings = DecodeSettings(max_new_tokens=max_new_tokens)
+        _AR_CACHE[key] = generate(target, "ar", prompt, settings)
+    return _AR_CACHE[key]
 
 
 def greedy_lossless_runs(target, method: str, prompts: list[dict], max_new_tokens: int,
@@ -222,10 +229,7 @@ def greedy_lossless_runs(target, method: str, prompts: list[dict], max_new_token
     settings = DecodeSettings(max_new_tokens=max_new_tokens)
     out = []
     for row in prompts:
-        key = (id(target), row["prompt"], max_new_tokens)
-        if key not in _AR_CACHE:
-            _AR_CACHE[key] = generate(target, "ar", row["prompt"], settings)
-        ar = _AR_CACHE[key]
+        ar = ar_trace(target, row["prompt"], max_new_tokens)
         run = generate(target, method, row["prompt"], settings, **params)
         rep = compare_outputs(target, run.prompt_ids, ar.output_ids, run.output_ids)
         assert rep.ok, (f"{row['id']}: {method} diverged from greedy at token "

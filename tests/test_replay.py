@@ -153,8 +153,7 @@ def test_replay_and_edr_equal_real_greedy_sessions_on_embedded_prompts(embedded_
         ro = rollout_of(embedded_target, row["prompt"], 32, layers)
         live = live_run(embedded_target, method, ro, **params)
         offline = replay(make_drafter(method, embedded_target, **params), ro, embedded_target)
-        if method == "pld":
-            same_rounds(live, offline)   # token lookup: no float in the draft at all
+        # PLD records no top-k: with no tie to show, any difference of its rounds fails
         ties += not same_rounds_up_to_a_near_tie(live, offline)
         drafts = state_drafts(make_drafter(method, embedded_target, **params), ro,
                               embedded_target)

@@ -26,8 +26,8 @@ Measured (docs/dflash-rounds.md, "Reading the target's state before drafting"): 
 drafter's probe predicts held-out accepted length with Pearson r 0.51-0.54 overall, but only
 0.13-0.18 *within* the categories where DFlash does not pay (translation, summarization, RAG,
 QA) -- there it mostly tells the category apart, which the forward gate already learns from the
-run -- and offline replay showed no speed-up, so ``state_probe`` is off by default (``on``, or ``probes`` for the
-paused drafter's probe rounds only, turn it on).
+run -- and offline replay showed no speed-up, so ``state_probe`` is off by default (``on``, or
+``probes`` for the paused drafter's probe rounds only, turn it on).
 
 Stored as ``state_probe.safetensors`` beside the drafter checkpoint it was fitted for, with the
 SHA-256 of that checkpoint's ``model.safetensors``: a probe of another drafter is refused with
