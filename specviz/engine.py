@@ -287,6 +287,7 @@ class Session:
             "settings": asdict(self.settings),
             "prompt": self.prompt_text,
             "prompt_len": len(self.prompt_ids),
+            "vocab_size": self.target.vocab_size,
             "device": self.target.device,
             "dtype": str(self.target.dtype).replace("torch.", ""),
             "min_width": self.target.min_width,

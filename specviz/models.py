@@ -101,6 +101,14 @@ class Target:
         return getattr(cfg, "text_config", None) or cfg
 
     @property
+    def vocab_size(self) -> int:
+        """Token ids the target can read or predict: its logits' width, or the tokenizer's
+        length where that is larger (added tokens)."""
+        tok = self.tokenizer
+        n_tok = len(tok) if hasattr(tok, "__len__") else int(getattr(tok, "vocab_size", 0) or 0)
+        return max(int(getattr(self.text_config, "vocab_size", 0) or 0), n_tok)
+
+    @property
     def max_context(self) -> int:
         cfg = self.model.config
         return int(getattr(cfg, "max_position_embeddings", 2048) or 2048)

@@ -15,9 +15,9 @@ from typing import Any
 
 from .analysis import metrics
 from .errors import TraceError
+from .trace_schema import MAX_DEPTH, SCHEMA_VERSION, validate_trace_dict
 from .tree import TokenTree
 
-SCHEMA_VERSION = 1
 MAX_TRACE_BYTES = 200 * 1024 * 1024
 
 
@@ -120,50 +120,11 @@ class Round:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Round":
+        """A round from a checked record (:func:`specviz.trace_schema.validate_trace_dict`)."""
         names = {f.name for f in fields(cls)}
-        missing = {"index", "start", "drafter", "draft", "accepted", "committed"} - set(d)
-        if missing:
-            raise TraceError(f"round is missing fields: {', '.join(sorted(missing))}")
-        _check_round_types(d)
         r = cls(**{k: v for k, v in d.items() if k in names})
-        if not (0 <= r.accepted <= len(r.draft)) or len(r.committed) < r.accepted:
-            raise TraceError(f"round {r.index}: accepted={r.accepted} is inconsistent with its draft")
+        r.extras = dict(r.extras or {})
         return r
-
-
-_INT_FIELDS = ("index", "start", "accepted")
-_ID_LISTS = ("draft", "committed", "target_argmax", "accepted_path")
-_NUM_FIELDS = ("t_draft", "t_verify", "t_forward", "t_wait")
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _check_round_types(d: dict) -> None:
-    """Field types of a round read from JSON, with a message a person can act on."""
-    where = f"round {d.get('index')!r}" if _is_int(d.get("index")) else "a round"
-    for k in _INT_FIELDS:
-        if not _is_int(d.get(k)):
-            raise TraceError(f"{where}: '{k}' must be a whole number, got {d.get(k)!r}")
-    for k in _ID_LISTS:
-        v = d.get(k, [])
-        if not isinstance(v, list) or not all(_is_int(x) for x in v):
-            raise TraceError(f"{where}: '{k}' must be a list of token ids")
-    par = d.get("parents")
-    if par is not None and (not isinstance(par, list) or not all(_is_int(x) for x in par)):
-        raise TraceError(f"{where}: 'parents' must be a list of node indices or null")
-    for k in ("target_topk", "target_topk_prob"):
-        v = d.get(k, [])
-        if not isinstance(v, list) or not all(isinstance(row, list) and all(
-                isinstance(x, (int, float)) and not isinstance(x, bool) for x in row) for row in v):
-            raise TraceError(f"{where}: '{k}' must be a list of lists of numbers")
-    for k in _NUM_FIELDS:
-        v = d.get(k, 0.0)
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise TraceError(f"{where}: '{k}' must be a number of seconds, got {v!r}")
-    if not isinstance(d.get("extras", {}), dict):
-        raise TraceError(f"{where}: 'extras' must be an object")
 
 
 @dataclass
@@ -249,51 +210,54 @@ class Trace:
 
     @classmethod
     def from_dict(cls, d: Any) -> "Trace":
-        if not isinstance(d, dict):
-            raise TraceError("not a specviz trace (expected a JSON object)")
-        if "schema_version" not in d or "rounds" not in d:
-            raise TraceError("not a specviz trace (no schema_version / rounds)")
+        """A trace from parsed JSON, checked against its declared schema first
+        (:mod:`specviz.trace_schema`); anything that cannot be shown raises TraceError."""
+        validate_trace_dict(d)
         ver = d["schema_version"]
-        if not isinstance(ver, int) or ver > SCHEMA_VERSION or ver < 1:
-            raise TraceError(f"unsupported trace schema_version {ver!r} (this specviz reads "
-                             f"1..{SCHEMA_VERSION})")
-        try:
-            rounds = [Round.from_dict(r) for r in d["rounds"]]
-            token_texts = {int(k): str(v) for k, v in (d.get("token_texts") or {}).items()}
-            prompt_ids = [int(x) for x in d.get("prompt_ids", [])]
-        except TraceError:
-            raise
-        except (TypeError, ValueError, AttributeError) as exc:
-            raise TraceError(f"malformed trace: {exc}") from exc
-        meta = d.get("meta") or {}
-        if not isinstance(meta, dict):
-            raise TraceError("malformed trace: meta must be an object")
-        return cls(meta=meta, prompt_ids=prompt_ids, rounds=rounds, token_texts=token_texts,
+        return cls(meta=dict(d.get("meta") or {}), prompt_ids=list(d.get("prompt_ids") or []),
+                   rounds=[Round.from_dict(r) for r in d["rounds"]],
+                   token_texts={int(k): v for k, v in (d.get("token_texts") or {}).items()},
                    schema_version=ver)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "Trace":
+        """Read a trace file's bytes (UTF-8, a byte-order mark allowed) or text."""
         if isinstance(text, bytes):
             if len(text) > MAX_TRACE_BYTES:
-                raise TraceError("trace file is too large")
+                raise TraceError(f"the trace file is too large (over {MAX_TRACE_BYTES >> 20} MB)")
             try:
-                text = text.decode("utf-8")
+                text = text.decode("utf-8-sig")
             except UnicodeDecodeError as exc:
-                raise TraceError("trace file is not UTF-8 text") from exc
+                raise TraceError("the trace file is not UTF-8 text") from exc
+        text = text.lstrip("\ufeff")
+        if not text.strip():
+            raise TraceError("the trace file is empty")
         try:
             d = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise TraceError(f"trace file is not valid JSON (line {exc.lineno}: {exc.msg})") from exc
+            raise TraceError(f"the trace file is not valid JSON (line {exc.lineno}: "
+                             f"{exc.msg})") from exc
+        except RecursionError:
+            raise TraceError(f"the trace file nests JSON too deeply (a trace nests at most "
+                             f"{MAX_DEPTH} levels)") from None
         return cls.from_dict(d)
 
     @classmethod
     def load(cls, path: str | Path) -> "Trace":
         path = Path(path)
-        if not path.exists():
-            raise TraceError(f"trace file {path} does not exist")
+        if not path.is_file():
+            raise TraceError(f"trace file {path} does not exist" if not path.exists()
+                             else f"{path} is not a file")
         if path.stat().st_size > MAX_TRACE_BYTES:
-            raise TraceError(f"trace file {path} is too large")
-        return cls.from_json(path.read_bytes())
+            raise TraceError(f"trace file {path} is too large (over {MAX_TRACE_BYTES >> 20} MB)")
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        try:
+            return cls.from_json(data)
+        except TraceError as exc:
+            raise TraceError(f"{path.name}: {exc}") from None
 
 
 def _json_default(o):

@@ -9,6 +9,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from tests.browser_support import browser, server  # noqa: E402,F401 (one app server per run)
+
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 

@@ -131,9 +131,10 @@ def test_compare_runs_on_a_tiny_model(tiny_target):
     (b"[1, 2, 3]", "not a specviz trace"),
     (b"{}", "not a specviz trace"),
     (b'{"schema_version": 99, "rounds": []}', "schema_version"),
-    (b'{"schema_version": 1, "rounds": [{"index": 0}]}', "missing fields"),
+    (b'{"schema_version": 1, "rounds": [{"index": 0}]}', "round 1: 'start' is missing"),
     (b'{"schema_version": 1, "prompt_ids": [1], "rounds": [{"index": 0, "start": 1, '
-     b'"drafter": "pld", "draft": [5], "accepted": 3, "committed": [5]}]}', "inconsistent"),
+     b'"drafter": "pld", "draft": [5], "accepted": 3, "committed": [5]}]}',
+     "round 1: 'accepted' is 3 but the draft has 1 token"),
     (b'{"schema_version": 1, "prompt_ids": [1], "rounds": [{"index": 0, "start": 1, '
      b'"drafter": "pld", "draft": ["x"], "accepted": 0, "committed": [5]}]}', "list of token ids"),
     (b'{"schema_version": 1, "prompt_ids": [], "rounds": []}', "no rounds"),

@@ -4,97 +4,13 @@ measured Next-round latencies are written to test-artifacts/."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run",
-                 "--disable-quic"]
-IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
+from tests.browser_support import ARTIFACTS, IDLE, _max_round_js, _open, _pick
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_health(port: int, proc: subprocess.Popen, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    url = f"http://127.0.0.1:{port}/_stcore/health"
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"streamlit exited early with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.read().decode().strip() == "ok":
-                    return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise TimeoutError(f"streamlit did not answer {url} within {timeout:.0f} s")
-
-
-@pytest.fixture(scope="module")
-def server():
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"Debian chromium is not installed at {CHROMIUM} "
-                    "(install it with: apt-get install -y chromium)")
-    pytest.importorskip("playwright.sync_api")
-    ARTIFACTS.mkdir(exist_ok=True)
-    port = _free_port()
-    log = open(ARTIFACTS / "streamlit-server.log", "w")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
-         "--server.port", str(port), "--server.address", "127.0.0.1",
-         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        _wait_health(port, proc)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
-        log.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-def _max_round_js() -> str:
-    return ("n => { const el = document.querySelectorAll('.specviz-tokens [data-round]');"
-            " let m = -1; el.forEach(e => { m = Math.max(m, +e.dataset.round); });"
-            " return m + 1 >= n; }")
 
 
 def test_decode_page_next_round(server, browser):
@@ -249,27 +165,6 @@ RAW = r"\bNone\b|\bnull\b|[{}]|\d\.\d{6}"
 SENTENCE_JS = ("() => Array.from(document.querySelectorAll('.round-summary')).map(e => {"
                " const c = e.cloneNode(true); c.querySelectorAll('code').forEach(x => x.remove());"
                " return c.innerText; })")
-
-
-def _pick(page, key: str, option: str) -> None:
-    """Choose ``option`` in the selectbox / multiselect with widget key ``key`` (a react-aria
-    combobox; the rendered copy is the visible one)."""
-    page.locator(f".st-key-{key} input[role='combobox'] >> visible=true").first.click()
-    page.get_by_role("option", name=option, exact=True).click(timeout=60_000)
-    page.wait_for_selector(IDLE, timeout=120_000)
-    page.keyboard.press("Escape")
-
-
-def _open(page, server: str, link: str) -> None:
-    """Open the app at its main page, then go to the page ``link`` through the navigation (a
-    deep link to a page's url shows Streamlit's "page not found" dialog before it routes)."""
-    page.goto(server + "/", wait_until="domcontentloaded")
-    page.get_by_role("button", name="Next round").wait_for(timeout=120_000)
-    page.wait_for_selector(IDLE, timeout=120_000)
-    if link:
-        page.get_by_role("link", name=link).click()
-        page.wait_for_timeout(500)
-        page.wait_for_selector(IDLE, timeout=120_000)
 
 
 def _round_sentences(page) -> list[str]:

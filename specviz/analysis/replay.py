@@ -157,5 +157,6 @@ def _trace(drafter: Drafter, rollout: Rollout, rounds: list[Round], method, targ
     meta = {"model": getattr(target, "name", None) if target else None, "method": method or drafter.name,
             "drafter": drafter.name, "drafter_config": drafter.config(),
             "settings": {"max_new_tokens": len(y) - P, "temperature": 0.0},
-            "prompt_len": P, "replay": True, "stop_reason": "rollout_end"}
+            "prompt_len": P, "vocab_size": getattr(target, "vocab_size", None) if target else None,
+            "replay": True, "stop_reason": "rollout_end"}
     return Trace(meta=meta, prompt_ids=y[:P], rounds=rounds, token_texts=texts)

@@ -1,0 +1,432 @@
+"""The trace file's declared schema: what a saved run may hold (DESIGN "Round record").
+
+A trace file is what users pass around (teaching material, bug reports), so every reader -- the
+app's upload, ``specviz show``, the bench and eval loaders -- checks it here, once, through
+:func:`validate_trace_dict` (called by :meth:`specviz.trace.Trace.from_dict`):
+
+1. the pydantic models below declare every field a view reads, with its type, range and size
+   (token ids, non-negative counts and times, finite probabilities in [0, 1], settings in the
+   ranges :class:`specviz.engine.DecodeSettings` accepts); unknown keys are kept;
+2. :func:`scan_values` walks the parsed JSON for what the models leave open (unknown keys):
+   nesting depth, and finite numbers everywhere (NaN or infinity cannot be written back by
+   the Download button);
+3. :func:`check_structure` checks what one field cannot say alone: rounds numbered in order,
+   each starting where the previous one ended, a chain's or a tree's accepted tokens committed
+   as drafted, tree parents before their children, per-row lists no longer than the verify's
+   rows, and token ids within the trace's vocabulary (``meta.vocab_size``, else the ids that have
+   a text in ``token_texts``).
+
+Every failure is one :class:`~specviz.errors.TraceError` sentence that names the field and the
+round in the app's words: rounds count from 1, as on the pages ("round 3: 'draft' must be a list
+of token ids; item 2 is 'hello'").
+"""
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import TraceError
+
+SCHEMA_VERSION = 1
+MAX_DEPTH = 64            # a trace nests ~6 deep; extras a few more
+MAX_ID = 2 ** 31          # a token id beyond any vocabulary (when the trace names none)
+MAX_SECONDS = 86_400.0    # one round, one prefill: a day at most
+MAX_NODES = 4_096         # draft nodes of one round
+MAX_ROUNDS = 1_000_000
+MAX_TOKENS = 1_000_000    # prompt tokens, token texts
+MAX_TEXT = 10_000         # characters of one token's text
+MAX_TEMPERATURE = 10.0
+
+Id = Annotated[int, Field(ge=0, lt=MAX_ID)]
+Count = Annotated[int, Field(ge=0, lt=MAX_ID)]
+Node = Annotated[int, Field(ge=-1, lt=MAX_NODES)]
+Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
+Prob = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+Number = Annotated[float, Field(allow_inf_nan=False)]
+Span = Annotated[list[Count], Field(min_length=2, max_length=2)]
+Ids = Annotated[list[Id], Field(max_length=MAX_NODES + 1)]
+Rows = Annotated[list[Annotated[list[Id], Field(max_length=MAX_NODES)]], Field(max_length=MAX_NODES + 1)]
+ProbRows = Annotated[list[Annotated[list[Prob], Field(max_length=MAX_NODES)]],
+                     Field(max_length=MAX_NODES + 1)]
+
+
+class _Record(BaseModel):
+    """Strict JSON types (no "5" for 5, no true for 1); unknown keys kept as they are."""
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+# ---------------------------------------------------------------- the drafters' round extras
+class Match(_Record):
+    """One lookup candidate (PLD's ``match``, AdaPLD's ``matches``)."""
+    kind: str | None = None
+    span: Span | None = None
+    copy_from: Span | None = None
+    score: Number | None = None
+    ngram: Count | None = None
+    similarity: Number | None = None
+    votes: Count | None = None
+    tokens: Ids | None = None
+    branch: Count | None = None
+
+
+class Cut(_Record):
+    """A block drafter's cut and forward gate (DFlash)."""
+    kept: Count = 0
+    block: Count | None = None
+    paused: bool | None = None
+    probe: bool | None = None
+    tree: bool | None = None
+    block_confidence: list[Prob] | None = None
+    value: list[Number] | None = None
+    rate: Number | None = None
+
+
+class StateProbe(_Record):
+    skip: bool | None = None
+
+
+class Hybrid(_Record):
+    block_nodes: Count | None = None
+    lookup_nodes: Count | None = None
+    source: list[str] | None = None
+
+
+class RetraceInfo(_Record):
+    """ReTrace's fusion in a round: the slots that received a memory and their gates."""
+    slots: list[Count] = []
+    gate: list[Number] = []
+    residual: list[Number] = []
+    gate_off: bool | None = None
+
+
+class Extras(_Record):
+    """What a drafter recorded of its round; every key a view reads, declared."""
+    match: Match | None = None
+    matches: list[Match] | None = None
+    retrieval: str | None = None
+    source: str | None = None
+    suffix: Span | None = None
+    streak: Count | None = None
+    edits: list[list[list[Id]]] | None = None
+    branches: Count | None = None
+    probe: bool | None = None
+    alpha: list[Number] | Number | None = None
+    fallback_reason: str | None = None
+    opening: Count | None = None
+    hybrid: Hybrid | None = None
+    confidence: list[Prob] | None = None
+    cut: Cut | None = None
+    state_probe: StateProbe | None = None
+    topk: Rows | None = None
+    topk_p: ProbRows | None = None
+    tree_slots: list[Count] | None = None
+    tree_ranks: list[Count] | None = None
+    retrace: RetraceInfo | None = None
+
+
+class RoundRecord(_Record):
+    """One speculative round (:class:`specviz.trace.Round`)."""
+    index: Count
+    start: Count
+    drafter: str
+    draft: Ids
+    accepted: Count
+    committed: Ids
+    target_argmax: Ids = []
+    target_argmax_prob: Annotated[list[Prob], Field(max_length=MAX_NODES + 1)] = []
+    target_topk: Rows = []
+    target_topk_prob: ProbRows = []
+    p_draft: Annotated[list[Prob], Field(max_length=MAX_NODES)] = []
+    q_draft: Annotated[list[Prob | None], Field(max_length=MAX_NODES)] = []
+    parents: Annotated[list[Node], Field(max_length=MAX_NODES)] | None = None
+    accepted_path: Annotated[list[Count], Field(max_length=MAX_NODES)] = []
+    t_draft: Seconds = 0.0
+    t_verify: Seconds = 0.0
+    t_forward: Seconds = 0.0
+    t_wait: Seconds = 0.0
+    extras: Extras = Extras()
+
+
+# ---------------------------------------------------------------- the run's metadata
+class Settings(_Record):
+    """The decoding settings of the run (:class:`specviz.engine.DecodeSettings`)."""
+    max_new_tokens: Count | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)] = 0.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] = 1.0
+    seed: Count | None = None
+    chat_template: bool | None = None
+
+
+class CostCurve(_Record):
+    """The verify-cost curve measured at load (:meth:`specviz.costs.CostModel.to_dict`)."""
+    kind: str | None = None
+    step_time: Seconds = 0.0
+    points: list[Annotated[list[Number], Field(min_length=2, max_length=2)]] | None = None
+    raw: list[Annotated[list[Number], Field(min_length=2, max_length=3)]] | None = None
+
+
+class Meta(_Record):
+    model: str | None = None
+    method: str | None = None
+    drafter: str | None = None
+    settings: Settings | None = None
+    prompt: str | None = None
+    prompt_len: Count | None = None
+    min_width: Annotated[int, Field(ge=1, le=MAX_NODES)] | None = None
+    numerics: str | None = None
+    kernels: str | None = None
+    prefill_time: Seconds | None = None
+    stop_reason: str | None = None
+    eos_token_ids: list[Id] = []
+    cost_model: CostCurve | None = None
+    created: str | None = None
+    vocab_size: Annotated[int, Field(ge=1, le=MAX_ID)] | None = None
+
+
+class TraceRecord(_Record):
+    schema_version: int
+    meta: Meta | None = None
+    prompt_ids: Annotated[list[Id], Field(max_length=MAX_TOKENS)] = []
+    rounds: Annotated[list[RoundRecord], Field(max_length=MAX_ROUNDS)]
+    token_texts: Annotated[dict[str, Annotated[str, Field(max_length=MAX_TEXT)]],
+                           Field(max_length=MAX_TOKENS)] | None = None
+
+
+# ---------------------------------------------------------------- 1. depth and finite numbers
+def scan_values(d: Any) -> None:
+    """Every value of the parsed JSON: nesting at most :data:`MAX_DEPTH`, every number finite.
+    Iterative (a deeply nested file cannot exhaust Python's stack here)."""
+    stack: list[tuple[Any, tuple, int]] = [(d, (), 0)]
+    while stack:
+        v, loc, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise TraceError(f"{_where(loc[:4])} nests more than {MAX_DEPTH} levels deep; "
+                             "a trace nests a few levels")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise TraceError(f"{_where(loc)} is {v}; a trace holds finite numbers only")
+        if isinstance(v, dict):
+            stack.extend((x, loc + (k,), depth + 1) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((x, loc + (i,), depth + 1) for i, x in enumerate(v))
+
+
+# ---------------------------------------------------------------- 2. the declared schema
+#: what a field must be, in words (the last named field of the error's location)
+FIELD_WORDS = {
+    "rounds": "must be a list of rounds",
+    "prompt_ids": "must be a list of token ids",
+    "draft": "must be a list of token ids",
+    "committed": "must be a list of token ids",
+    "target_argmax": "must be a list of token ids",
+    "eos_token_ids": "must be a list of token ids",
+    "tokens": "must be a list of token ids",
+    "target_topk": "must be a list of rows of token ids",
+    "topk": "must be a list of rows of token ids",
+    "target_topk_prob": "must be a list of rows of probabilities (0 to 1)",
+    "topk_p": "must be a list of rows of probabilities (0 to 1)",
+    "target_argmax_prob": "must be a list of probabilities (0 to 1)",
+    "p_draft": "must be a list of probabilities (0 to 1)",
+    "q_draft": "must be a list of probabilities (0 to 1) or nulls",
+    "confidence": "must be a list of probabilities (0 to 1)",
+    "block_confidence": "must be a list of probabilities (0 to 1)",
+    "parents": f"must be null or a list of parent nodes (-1 for the root, below {MAX_NODES})",
+    "accepted_path": "must be a list of node indices",
+    "index": "must be a whole number of 0 or more",
+    "start": "must be a whole number of 0 or more (a position)",
+    "accepted": "must be a whole number of 0 or more",
+    "t_draft": f"must be a number of seconds from 0 to {MAX_SECONDS:.0f}",
+    "t_verify": f"must be a number of seconds from 0 to {MAX_SECONDS:.0f}",
+    "t_forward": f"must be a number of seconds from 0 to {MAX_SECONDS:.0f}",
+    "t_wait": f"must be a number of seconds from 0 to {MAX_SECONDS:.0f}",
+    "prefill_time": f"must be a number of seconds from 0 to {MAX_SECONDS:.0f}",
+    "step_time": f"must be a number of seconds from 0 to {MAX_SECONDS:.0f}",
+    "temperature": f"must be a number from 0 (greedy) to {MAX_TEMPERATURE:.0f}",
+    "top_p": "must be a number above 0 and at most 1",
+    "max_new_tokens": "must be a whole number of 0 or more",
+    "seed": "must be a whole number of 0 or more",
+    "matches": "must be a list of match objects",
+    "span": "must be a pair of positions [start, end]",
+    "copy_from": "must be a pair of positions [start, end]",
+    "suffix": "must be a pair of positions [start, end]",
+    "token_texts": "must be an object from token id to text",
+    "schema_version": "must be a whole number",
+    "vocab_size": "must be a whole number of 1 or more",
+    "min_width": f"must be a whole number from 1 to {MAX_NODES}",
+}
+#: pydantic's error types, in words (when the field has no entry above)
+TYPE_WORDS = {
+    "missing": "is missing", "int_type": "must be a whole number",
+    "float_type": "must be a number", "finite_number": "must be a finite number",
+    "string_type": "must be text", "bool_type": "must be true or false",
+    "list_type": "must be a list", "dict_type": "must be an object",
+    "model_type": "must be an object", "model_attributes_type": "must be an object",
+    "too_long": "is too long", "too_short": "is too short",
+}
+
+
+def _where(loc: tuple) -> str:
+    """A location in words: ``round 3: 'draft'``, ``meta: 'settings.temperature'``."""
+    loc = tuple(loc)
+    head = ""
+    if len(loc) >= 2 and loc[0] == "rounds" and isinstance(loc[1], int):
+        head, loc = f"round {loc[1] + 1}", loc[2:]
+    elif len(loc) >= 2 and loc[0] == "meta":
+        head, loc = "meta", loc[1:]
+    names = [str(x) for x in loc if not isinstance(x, int)]
+    if not names:
+        return head or "the trace"
+    return f"{head + ': ' if head else ''}'{'.'.join(names)}'"
+
+
+def _shown(v: Any) -> str:
+    s = repr(v)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+def _sentence(err: dict) -> str:
+    loc = tuple(x for x in err.get("loc", ()) if x not in ("function-after", "list[...]"))
+    named = [x for x in loc if not isinstance(x, int)]
+    field = str(named[-1]) if named else ""
+    kind = err.get("type", "")
+    if kind == "missing":
+        return f"{_where(loc)} is missing"
+    if len(loc) == 2 and loc[0] == "token_texts":
+        return (f"'token_texts': the text of token {_shown(loc[1])} must be text, got "
+                f"{_shown(err.get('input'))}")
+    if len(loc) == 2 and loc[0] == "rounds" and isinstance(loc[1], int):
+        return f"round {loc[1] + 1} must be an object of round fields, got {_shown(err.get('input'))}"
+    item = ""
+    # the offending item of a list: 'draft' item 2 is 'hello'
+    if loc and isinstance(loc[-1], int) and named:
+        cut = max(i for i, x in enumerate(loc) if not isinstance(x, int))
+        loc, item = loc[:cut + 1], f"; item {loc[-1] + 1} is {_shown(err.get('input'))}"
+    words = FIELD_WORDS.get(field) or TYPE_WORDS.get(kind) or err.get("msg", "is not valid").lower()
+    if kind in ("too_long", "too_short"):
+        words = f"{TYPE_WORDS[kind]} ({err.get('msg', '').lower()})"
+    got = item or f", got {_shown(err.get('input'))}"
+    return f"{_where(loc)} {words}{got}"
+
+
+def _first_error(exc: ValidationError) -> str:
+    errs = exc.errors(include_url=False)
+    # a wrong container type is told before the items inside it
+    errs.sort(key=lambda e: len(e.get("loc", ())))
+    n = len(errs)
+    more = f" (and {n - 1} more problem{'s' if n > 2 else ''})" if n > 1 else ""
+    return _sentence(errs[0]) + more
+
+
+# ---------------------------------------------------------------- 3. structure
+def _fail(i: int, what: str) -> None:
+    raise TraceError(f"round {i + 1}: {what}")
+
+
+def _check_tree(i: int, r: dict) -> None:
+    draft, parents, path = r["draft"], r["parents"], r.get("accepted_path", [])
+    if len(parents) != len(draft):
+        _fail(i, f"'parents' has {len(parents)} entries for {len(draft)} draft nodes")
+    for n, p in enumerate(parents):
+        if not -1 <= p < n:
+            _fail(i, f"node {n + 1} has parent {p}: a parent comes before its child "
+                     "(-1 is the root)")
+    prev = -1
+    for node in path:
+        if node >= len(draft) or parents[node] != prev:
+            _fail(i, f"'accepted_path' {path} is not a path down the draft tree")
+        prev = node
+    if r["accepted"] != len(path):
+        _fail(i, f"'accepted' is {r['accepted']} but the accepted path has {len(path)} nodes")
+
+
+def _check_round(i: int, r: dict, start: int) -> None:
+    if r["index"] != i:
+        _fail(i, f"'index' is {r['index']}; rounds are numbered 0, 1, 2, ... in file order")
+    if r["start"] != start:
+        _fail(i, f"'start' is {r['start']} but the prompt and the rounds before it end at "
+                 f"position {start}")
+    draft, acc, com = r["draft"], r["accepted"], r["committed"]
+    if r.get("parents") is not None:
+        _check_tree(i, r)
+        path_tokens = [draft[n] for n in r.get("accepted_path", [])]
+    else:
+        if r.get("accepted_path"):
+            _fail(i, "'accepted_path' is for tree drafts; this round is a chain (no parents)")
+        if acc > len(draft):
+            _fail(i, f"'accepted' is {acc} but the draft has {len(draft)} token(s)")
+        path_tokens = draft[:acc]
+    if not acc <= len(com) <= acc + 1:
+        _fail(i, f"'committed' has {len(com)} tokens; a round commits its {acc} accepted "
+                 "token(s) and at most one of the target's")
+    if list(com[:acc]) != list(path_tokens):
+        _fail(i, "the committed tokens differ from the accepted draft tokens")
+    rows = len(draft) + 1
+    for k in ("target_argmax", "target_argmax_prob", "target_topk", "target_topk_prob"):
+        if len(r.get(k, [])) > rows:
+            _fail(i, f"'{k}' has {len(r[k])} rows; its verify had {rows}")
+    for k in ("p_draft", "q_draft"):
+        if len(r.get(k, [])) not in (0, len(draft)):
+            _fail(i, f"'{k}' has {len(r[k])} entries for {len(draft)} draft tokens")
+    for ids, ps in (("target_topk", "target_topk_prob"),):
+        if r.get(ps) and [len(x) for x in r[ps]] != [len(x) for x in r.get(ids, [])][:len(r[ps])]:
+            _fail(i, f"'{ps}' does not have the shape of '{ids}'")
+
+
+def _check_ids(d: dict) -> None:
+    """Token ids within the trace's vocabulary: ``meta.vocab_size`` when recorded, else the ids
+    that have a text (a recorded trace writes the text of every id it holds)."""
+    vocab = (d.get("meta") or {}).get("vocab_size")
+    texts = d.get("token_texts") or {}
+    if vocab is None and not texts:
+        return
+    known = None if vocab is not None else set(texts)
+
+    def bad(t: int) -> bool:
+        return t >= vocab if vocab is not None else str(t) not in known
+
+    def words(t: int) -> str:
+        return (f"token id {t} is outside the model's vocabulary (0 to {vocab - 1})"
+                if vocab is not None else f"token id {t} has no text in 'token_texts'")
+
+    for t in d.get("prompt_ids", []):
+        if bad(t):
+            raise TraceError(f"'prompt_ids': {words(t)}")
+    for i, r in enumerate(d["rounds"]):
+        rows = r.get("target_topk", []) if vocab is not None else []
+        for k, ids in (("draft", r["draft"]), ("committed", r["committed"]),
+                       ("target_argmax", r.get("target_argmax", [])),
+                       ("target_topk", [t for row in rows for t in row])):
+            for t in ids:
+                if bad(t):
+                    _fail(i, f"'{k}': {words(t)}")
+
+
+def check_structure(d: dict) -> None:
+    """What no single field says: see the module docstring, item 3."""
+    for k in d.get("token_texts") or {}:
+        if not (k.isdigit() and int(k) < MAX_ID):
+            raise TraceError(f"'token_texts': key {_shown(k)} is not a token id")
+    start = len(d.get("prompt_ids", []))
+    for i, r in enumerate(d["rounds"]):
+        _check_round(i, r, start)
+        start += len(r["committed"])
+    _check_ids(d)
+
+
+def validate_trace_dict(d: Any) -> None:
+    """Check a parsed trace file; raises TraceError with one sentence naming field and round."""
+    if not isinstance(d, dict):
+        raise TraceError("not a specviz trace (expected a JSON object)")
+    if "schema_version" not in d or "rounds" not in d:
+        raise TraceError("not a specviz trace (no schema_version / rounds)")
+    ver = d["schema_version"]
+    if not isinstance(ver, int) or isinstance(ver, bool) or not 1 <= ver <= SCHEMA_VERSION:
+        raise TraceError(f"unsupported trace schema_version {_shown(ver)} (this specviz reads "
+                         f"1..{SCHEMA_VERSION})")
+    try:
+        TraceRecord.model_validate(d)
+    except ValidationError as exc:
+        raise TraceError(_first_error(exc)) from None
+    scan_values(d)   # what the models leave open (unknown keys): depth, finite numbers
+    check_structure(d)
