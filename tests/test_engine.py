@@ -198,9 +198,10 @@ def test_trace_round_trip(tiny_target, tmp_path):
     ("{not json", "not valid JSON"),
     ("[1, 2]", "not a specviz trace"),
     ('{"schema_version": 99, "rounds": []}', "unsupported trace schema_version"),
-    ('{"schema_version": 1, "rounds": [{"index": 0}]}', "missing fields"),
-    ('{"schema_version": 1, "rounds": [{"index": 0, "start": 1, "drafter": "x", "draft": [1], '
-     '"accepted": 5, "committed": [1]}]}', "inconsistent"),
+    ('{"schema_version": 1, "rounds": [{"index": 0}]}', "round 1: 'start' is missing"),
+    ('{"schema_version": 1, "prompt_ids": [7], "rounds": [{"index": 0, "start": 1, "drafter": '
+     '"x", "draft": [1], "accepted": 5, "committed": [1]}]}',
+     "round 1: 'accepted' is 5 but the draft has 1 token"),
 ])
 def test_corrupt_trace_errors(text, msg):
     with pytest.raises(TraceError, match=msg):

@@ -348,10 +348,10 @@ def test_round_extras_read_as_words_with_nothing_raw():
 
 
 @pytest.mark.parametrize("field,value,msg", [
-    ("accepted", "2", "'accepted' must be a whole number, got '2'"),
-    ("draft", [1, "x"], "'draft' must be a list of token ids"),
-    ("parents", "tree", "'parents' must be a list of node indices or null"),
-    ("t_verify", "fast", "'t_verify' must be a number of seconds"),
+    ("accepted", "2", "'accepted' must be a whole number of 0 or more, got '2'"),
+    ("draft", [1, "x"], "'draft' must be a list of token ids; item 2 is 'x'"),
+    ("parents", "tree", "'parents' must be null or a list of parent nodes"),
+    ("t_verify", "fast", "'t_verify' must be a number of seconds from 0 to 86400, got 'fast'"),
 ])
 def test_a_tampered_trace_names_the_field_not_python_internals(trace, field, value, msg):
     from specviz.errors import TraceError
@@ -360,5 +360,6 @@ def test_a_tampered_trace_names_the_field_not_python_internals(trace, field, val
     d["rounds"][1][field] = value
     with pytest.raises(TraceError) as err:
         Trace.from_dict(d)
-    assert msg in str(err.value) and str(err.value).startswith("round 1:")
+    # rounds count from 1, as on the pages: the file's second round is "round 2"
+    assert msg in str(err.value) and str(err.value).startswith("round 2:")
     assert "not supported between" not in str(err.value) and "instances" not in str(err.value)
