@@ -6,48 +6,47 @@ import time
 import streamlit as st
 
 from pages import ui
-from specviz import appstate, viz
+from specviz import appstate
 from specviz.errors import SpecvizError
+from specviz.viz.glossary import glossary_html
+from specviz.viz.tokens import legend_html
 
 ss = st.session_state
 
-cfg = ui.page_start(
-    "Speculative decoding, step by step",
-    "Each **Next round** runs one real round: the drafter proposes tokens, the target checks all "
-    "of them in ONE forward pass, keeps the longest agreeing prefix and adds one token of its "
-    "own. Fewer target passes per token is where the speedup comes from.")
 
-with st.expander("New here? What you are looking at, and the words it uses"):
-    st.markdown("Pick a **method** and a **prompt** in the sidebar, then press **Next round**. "
-                "Green tokens were guessed by the drafter and accepted by the target; the "
-                "yellow or blue token is the target's own; a struck-through red token is where "
-                "the target disagreed (its own choice is written under it). Press **Run to "
-                "end**, then scrub back with the slider; the **Compare** page measures the real "
-                "speedup against plain decoding.")
-    st.html(viz.glossary_html())
+def intro() -> None:
+    """The page's first-visit explanation and glossary."""
+    with st.expander("New here? What you are looking at, and the words it uses"):
+        st.markdown("Pick a **method** and a **prompt** in the sidebar, then press **Next "
+                    "round**. Green tokens were guessed by the drafter and accepted by the "
+                    "target; the yellow or blue token is the target's own; a struck-through red "
+                    "token is where the target disagreed (its own choice is written under it). "
+                    "Press **Run to end**, then scrub back with the slider; the **Compare** page "
+                    "measures the real speedup against plain decoding.")
+        st.html(glossary_html())
 
-bar = st.columns([1.1, 1.1, 0.9, 4.9], vertical_alignment="center")
-next_clicked = bar[0].button("Next round", key="next", type="primary", width="stretch",
-                             icon=":material/skip_next:")
-run_clicked = bar[1].button("Run to end", key="run", width="stretch",
-                            icon=":material/fast_forward:")
-reset_clicked = bar[2].button("Reset", key="reset", width="stretch",
-                              icon=":material/restart_alt:")
-status_slot = bar[3].empty()
 
-if reset_clicked:
-    for k in ("dec_session", "dec_key", "dec_trace", "dec_scrub", "dec_latency"):
-        ss.pop(k, None)
+def button_bar():
+    """(Next round clicked, Run to end clicked, Reset clicked, the status line's slot)."""
+    bar = st.columns([1.1, 1.1, 0.9, 4.9], vertical_alignment="center")
+    next_clicked = bar[0].button("Next round", key="next", type="primary", width="stretch",
+                                 icon=":material/skip_next:")
+    run_clicked = bar[1].button("Run to end", key="run", width="stretch",
+                                icon=":material/fast_forward:")
+    reset_clicked = bar[2].button("Reset", key="reset", width="stretch",
+                                  icon=":material/restart_alt:")
+    return next_clicked, run_clicked, reset_clicked, bar[3].empty()
 
-target = ui.load_target(cfg.model) if cfg is not None else None
 
-session = ss.get("dec_session")
-if cfg is not None and target is not None:
+def current_session(cfg, target, clicked: bool):
+    """The page's Session, built (the prompt's prefill) as soon as the settings are known, so
+    that the first Next round click only pays for one round. A run with rounds is never replaced
+    silently: a changed sidebar replaces it on the next click (``clicked``)."""
+    session = ss.get("dec_session")
+    if cfg is None or target is None:
+        return session
     stale = session is not None and ss.get("dec_key") != cfg.key()
-    # Build the Session (the prompt's prefill) as soon as the settings are known, so that the
-    # first Next round click only pays for one round. A run with rounds is never replaced
-    # silently: a changed sidebar replaces it on the next click.
-    if session is None or (stale and (not session.rounds or next_clicked or run_clicked)):
+    if session is None or (stale and (not session.rounds or clicked)):
         ss.pop("dec_session", None)
         ss.pop("dec_trace", None)
         session = None
@@ -57,14 +56,16 @@ if cfg is not None and target is not None:
             ss["dec_trace"] = session.trace()
         except SpecvizError as exc:
             st.error(str(exc))
+    return session
 
-if (next_clicked or run_clicked) and session is not None and ss.get("dec_key") == (
-        cfg.key() if cfg else None):
+
+def advance(session, one_round: bool) -> None:
+    """One round (``one_round``) or the run to its end, under a progress bar."""
     try:
         if session.done:
             st.info(f"This run has finished ({session.stop_reason}). Press **Reset** to start "
                     "again.")
-        elif next_clicked:
+        elif one_round:
             t0 = time.perf_counter()
             session.step()
             ss.setdefault("dec_latency", []).append(time.perf_counter() - t0)
@@ -82,8 +83,9 @@ if (next_clicked or run_clicked) and session is not None and ss.get("dec_key") =
     except SpecvizError as exc:
         st.error(str(exc))
 
-trace = ss.get("dec_trace")
-if trace is not None:
+
+def show_trace(trace, cfg, session, status_slot) -> None:
+    """The status line and the trace explorer of the page's run."""
     stale = cfg is not None and ss.get("dec_key") != cfg.key()
     state = "finished" + (f" ({session.stop_reason})" if session and session.stop_reason else "") \
         if session is not None and session.done else "in progress"
@@ -100,13 +102,42 @@ if trace is not None:
         st.warning("The sidebar settings changed since this run started. The run below used the "
                    "old settings; **Next round** or **Run to end** starts a new run.")
     ui.trace_view(trace, prefix="dec")
-else:
+
+
+def show_empty(cfg, status_slot) -> None:
+    """Before the first round: where the text will appear, and the prompt."""
     status_slot.markdown("Press **Next round** to run the first round"
                          + (f" of **{cfg.method.upper()}**" if cfg else "") + ".")
-    st.html(viz.legend_html(include_css=True))
+    st.html(legend_html(include_css=True))
     st.html('<div style="color:#64748b;border:1px dashed #cbd5e1;border-radius:0.5rem;'
             'padding:1.2rem;">The generated text will appear here, token by token, coloured by '
             'where each token came from.</div>')
     if cfg is not None:
         with st.expander("Prompt", expanded=False):
             st.text(cfg.prompt)
+
+
+def main() -> None:
+    cfg = ui.page_start(
+        "Speculative decoding, step by step",
+        "Each **Next round** runs one real round: the drafter proposes tokens, the target checks "
+        "all of them in ONE forward pass, keeps the longest agreeing prefix and adds one token "
+        "of its own. Fewer target passes per token is where the speedup comes from.")
+    intro()
+    next_clicked, run_clicked, reset_clicked, status_slot = button_bar()
+    if reset_clicked:
+        for k in ("dec_session", "dec_key", "dec_trace", "dec_scrub", "dec_latency"):
+            ss.pop(k, None)
+    target = ui.load_target(cfg.model) if cfg is not None else None
+    session = current_session(cfg, target, next_clicked or run_clicked)
+    if (next_clicked or run_clicked) and session is not None and ss.get("dec_key") == (
+            cfg.key() if cfg else None):
+        advance(session, next_clicked)
+    trace = ss.get("dec_trace")
+    if trace is not None:
+        show_trace(trace, cfg, session, status_slot)
+    else:
+        show_empty(cfg, status_slot)
+
+
+main()

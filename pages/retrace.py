@@ -10,6 +10,7 @@ import streamlit as st
 
 from pages import ui
 from specviz import appstate
+from specviz.analysis.suffix_bound import suffix_bound
 from specviz.drafters import make_drafter
 from specviz.errors import SpecvizError
 from specviz.viz import retrace as vr
@@ -18,24 +19,14 @@ ss = st.session_state
 SOURCES = {"decode": "The Decode page's run", "page": "The run made on this page",
            "upload": "A saved trace"}
 
-cfg = ui.page_start(
-    "ReTrace: what a rejected suffix is worth",
-    "When the target rejects a draft token, every later token of the block is thrown away. Yet "
-    "those tokens are often right: the same word one position later, or the target's word one "
-    "round too early. **ReTrace** keeps the drafter's states of the thrown-away tokens, moves "
-    "each to the slot of the next block that predicts the same position, adds what the target "
-    "said there during verification, and lets a learned **gate** decide how much of it to mix "
-    "into that slot's input. No extra forward pass; verification is unchanged, so the output is "
-    "exactly the target's.")
-
-
-def retrace_params() -> dict:
+def retrace_params(cfg) -> dict:
+    """The sidebar's ReTrace settings when ReTrace is the sidebar method, else the defaults."""
     if cfg is not None and cfg.method == "retrace":
         return dict(cfg.params)
     return {}
 
 
-def backbone_params(params: dict) -> dict:
+def backbone_params(cfg, params: dict) -> dict:
     """The DFlash run that ReTrace sits on: same backbone, block, cut and sampling settings."""
     drafter = make_drafter("retrace", ui.load_target(cfg.model), **params)
     c = drafter.config()
@@ -49,16 +40,18 @@ def _request_run() -> None:
     ss["_rt_run_request"] = True
 
 
-def _run_pair() -> None:
+def run_pair(cfg) -> None:
+    """ReTrace and its DFlash backbone to the end on the sidebar's prompt, into the session
+    state."""
     target = ui.load_target(cfg.model)
     if target is None:
         return
     prog = st.progress(0.0, text="Running ReTrace …")
     try:
-        params = retrace_params()
+        params = retrace_params(cfg)
         out = {}
         for i, (method, p) in enumerate((("retrace", params),
-                                         ("dflash", backbone_params(params)))):
+                                         ("dflash", backbone_params(cfg, params)))):
             run_cfg = dataclasses.replace(cfg, method=method, params=p)
             session = appstate.new_session(target, run_cfg)
             label = "ReTrace" if method == "retrace" else "its DFlash backbone"
@@ -75,62 +68,69 @@ def _run_pair() -> None:
     prog.empty()
 
 
-if ss.pop("_rt_run_request", None) and cfg is not None:
-    _run_pair()
+def available_traces() -> dict:
+    """The runs the page can show (the Decode page's, its own, an uploaded one) by source; the
+    shown source defaults to the first with ReTrace rounds."""
+    traces = {}
+    if ss.get("dec_trace") is not None and ss["dec_trace"].rounds:
+        traces["decode"] = ss["dec_trace"]
+    if ss.get("rt_trace") is not None:
+        traces["page"] = ss["rt_trace"]
+    if ss.get("uploaded_trace") is not None:
+        traces["upload"] = ss["uploaded_trace"]
+    if ss.get("rt_source") not in traces:
+        first = [k for k in ("page", "decode", "upload")
+                 if k in traces and vr.has_retrace(traces[k])]
+        ss["rt_source"] = (first or list(traces) or ["page"])[0]
+    return traces
 
-with st.expander("Open a saved trace here", expanded=False):
-    ui.trace_upload("rt_upload", id_key="rt_upload_id", error_key="rt_upload_error",
-                    on_load={"rt_source": "upload"})
 
-traces = {}
-if ss.get("dec_trace") is not None and ss["dec_trace"].rounds:
-    traces["decode"] = ss["dec_trace"]
-if ss.get("rt_trace") is not None:
-    traces["page"] = ss["rt_trace"]
-if ss.get("uploaded_trace") is not None:
-    traces["upload"] = ss["uploaded_trace"]
-if ss.get("rt_source") not in traces:
-    first = [k for k in ("page", "decode", "upload") if k in traces and vr.has_retrace(traces[k])]
-    ss["rt_source"] = (first or list(traces) or ["page"])[0]
+def pick_trace(cfg, traces: dict):
+    """The run button, the source picker and a line about the chosen run; the run to show (None
+    when there is none or it has no rounds)."""
+    bar = st.columns([2.2, 5], vertical_alignment="center")
+    bar[0].button("Run ReTrace and its backbone", key="rt_run", type="primary", width="stretch",
+                  icon=":material/play_arrow:", on_click=_request_run, disabled=cfg is None,
+                  help="Runs ReTrace (the sidebar's ReTrace settings when ReTrace is the sidebar "
+                       "method, else its defaults) and the same DFlash drafter without the "
+                       "memory, on the sidebar's prompt and decoding settings.")
+    if len(traces) > 1:
+        with bar[1]:
+            st.radio("Show", list(traces), key="rt_source", horizontal=True,
+                     format_func=lambda k: SOURCES[k], label_visibility="collapsed")
+    trace = traces.get(ss["rt_source"])
+    if trace is None:
+        bar[1].markdown("No run yet: press the button, or decode with **retrace** on the Decode "
+                        "page.")
+    elif not trace.rounds:
+        st.info("This run has no rounds yet.")
+        trace = None
+    else:
+        m = trace.meta
+        bar[1].markdown(f"**{str(m.get('method', '?')).upper()}** · {trace.num_rounds} rounds · "
+                        f"{trace.new_tokens} tokens · tau {trace.tau:.2f}")
+        note = vr.no_memory_note(trace)
+        if note:
+            st.info(note)
+    return trace
 
-bar = st.columns([2.2, 5], vertical_alignment="center")
-bar[0].button("Run ReTrace and its backbone", key="rt_run", type="primary", width="stretch",
-              icon=":material/play_arrow:", on_click=_request_run, disabled=cfg is None,
-              help="Runs ReTrace (the sidebar's ReTrace settings when ReTrace is the sidebar "
-                   "method, else its defaults) and the same DFlash drafter without the memory, "
-                   "on the sidebar's prompt and decoding settings.")
-if len(traces) > 1:
-    with bar[1]:
-        st.radio("Show", list(traces), key="rt_source", horizontal=True,
-                 format_func=lambda k: SOURCES[k], label_visibility="collapsed")
-trace = traces.get(ss["rt_source"])
 
-if trace is None:
-    bar[1].markdown("No run yet: press the button, or decode with **retrace** on the Decode "
-                    "page.")
-elif not trace.rounds:
-    st.info("This run has no rounds yet.")
-    trace = None
-else:
-    m = trace.meta
-    bar[1].markdown(f"**{str(m.get('method', '?')).upper()}** · {trace.num_rounds} rounds · "
-                    f"{trace.new_tokens} tokens · tau {trace.tau:.2f}")
-    note = vr.no_memory_note(trace)
-    if note:
-        st.info(note)
-
-# ---------------------------------------------------------------- one pair of rounds
-if trace is not None:
+def show_pair(trace) -> None:
+    """One round that follows a rejected suffix, under the suffix it inherited."""
     pairs = [r.index for r in trace.rounds if vr.pair_rows(trace, r.index) is not None]
     st.markdown("##### A rejected suffix and the next block")
     if not pairs:
         st.caption(vr.no_pairs_note(trace))
     else:
-        sel = st.select_slider("Round (that follows a rejected suffix)", options=[p + 1 for p in pairs],
+        sel = st.select_slider("Round (that follows a rejected suffix)",
+                               options=[p + 1 for p in pairs],
                                key="rt_round") if len(pairs) > 1 else pairs[0] + 1
         st.html(vr.alignment_grid_html(trace, sel - 1))
         st.html(vr.CSS + "<p style='font-size:0.85rem'>" + vr.legend_html() + "</p>")
 
+
+def show_worth(trace) -> None:
+    """Where the run's rejected tokens stand in the final text."""
     st.markdown("##### What the rejected tokens were worth (this run)")
     st.caption("For every rejected token: does the final text hold it at the position it was "
                "drafted for (offset 0), or a few positions away? Slot 1 is the rejected token "
@@ -146,7 +146,10 @@ if trace is not None:
         cols[1].dataframe(table, hide_index=True, width="stretch", column_config={
             "exact": fmt, "best offset": fmt, "top-k": fmt, "next round drafted there": fmt})
 
-    bound = vr.suffix_bound([trace])
+
+def show_bound(trace) -> None:
+    """The most the rejected suffixes could have added (an oracle bound)."""
+    bound = suffix_bound([trace])
     if bound.carried:
         st.markdown("##### At most: what the rejected suffixes could have added")
         st.caption("Lay each round's rejected tokens over the next round from where that round "
@@ -163,25 +166,27 @@ if trace is not None:
         c[2].plotly_chart(vr.fig_suffix_bound(bound), width="stretch", config=ui.PLOTLY_CONFIG,
                           key="rt_bound")
 
-    if vr.has_retrace(trace):
-        st.markdown("##### The gate per slot")
-        st.caption("How much of the memory each slot took in (0 = ignored). Colour: whether that "
-                   "slot's draft token was then accepted.")
-        st.plotly_chart(vr.fig_gates(trace), width="stretch", config=ui.PLOTLY_CONFIG,
-                        key="rt_gates")
-        if vr.gate_forced_off(trace):
-            st.info("The gate was forced off in this run (`gate=off`): the memory was aligned "
-                    "as shown but not fused into the block, so ReTrace drafted exactly what its "
-                    "DFlash backbone would have.")
-        elif vr.fusion_inert(trace):
-            st.info("This fusion added nothing to any slot: its projection is zero (an untrained "
-                    "fusion -- the bundled one is, because no trained step beat its backbone on "
-                    "held-out rounds). Whatever the gate reads, ReTrace drafted exactly what its "
-                    "DFlash backbone would have.")
 
-# ---------------------------------------------------------------- beside the backbone
-base = ss.get("rt_backbone") if ss.get("rt_source") == "page" else None
-if trace is not None and base is not None:
+def show_gates(trace) -> None:
+    """ReTrace's gate per slot, and why it changed nothing when it could not."""
+    st.markdown("##### The gate per slot")
+    st.caption("How much of the memory each slot took in (0 = ignored). Colour: whether that "
+               "slot's draft token was then accepted.")
+    st.plotly_chart(vr.fig_gates(trace), width="stretch", config=ui.PLOTLY_CONFIG,
+                    key="rt_gates")
+    if vr.gate_forced_off(trace):
+        st.info("The gate was forced off in this run (`gate=off`): the memory was aligned "
+                "as shown but not fused into the block, so ReTrace drafted exactly what its "
+                "DFlash backbone would have.")
+    elif vr.fusion_inert(trace):
+        st.info("This fusion added nothing to any slot: its projection is zero (an untrained "
+                "fusion -- the bundled one is, because no trained step beat its backbone on "
+                "held-out rounds). Whatever the gate reads, ReTrace drafted exactly what its "
+                "DFlash backbone would have.")
+
+
+def show_beside(trace, base) -> None:
+    """ReTrace beside its DFlash backbone on the same prompt and settings."""
     st.markdown("##### ReTrace beside its DFlash backbone (same prompt, same settings)")
     c = st.columns(4)
     c[0].metric("ReTrace tau", f"{trace.tau:.2f}", f"{trace.tau - base.tau:+.2f} vs backbone")
@@ -198,3 +203,33 @@ if trace is not None and base is not None:
                     key="rt_progress")
     with st.expander("Round by round"):
         st.dataframe(vr.side_by_side(trace, base), hide_index=True, width="stretch")
+
+
+def main() -> None:
+    cfg = ui.page_start(
+        "ReTrace: what a rejected suffix is worth",
+        "When the target rejects a draft token, every later token of the block is thrown away. "
+        "Yet those tokens are often right: the same word one position later, or the target's "
+        "word one round too early. **ReTrace** keeps the drafter's states of the thrown-away "
+        "tokens, moves each to the slot of the next block that predicts the same position, adds "
+        "what the target said there during verification, and lets a learned **gate** decide how "
+        "much of it to mix into that slot's input. No extra forward pass; verification is "
+        "unchanged, so the output is exactly the target's.")
+    if ss.pop("_rt_run_request", None) and cfg is not None:
+        run_pair(cfg)
+    with st.expander("Open a saved trace here", expanded=False):
+        ui.trace_upload("rt_upload", id_key="rt_upload_id", error_key="rt_upload_error",
+                        on_load={"rt_source": "upload"})
+    trace = pick_trace(cfg, available_traces())
+    if trace is not None:
+        show_pair(trace)
+        show_worth(trace)
+        show_bound(trace)
+        if vr.has_retrace(trace):
+            show_gates(trace)
+    base = ss.get("rt_backbone") if ss.get("rt_source") == "page" else None
+    if trace is not None and base is not None:
+        show_beside(trace, base)
+
+
+main()

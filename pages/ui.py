@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import streamlit as st
 
-from specviz import appstate, viz
-from specviz.analysis.metrics import METRIC_HELP
+from specviz import appstate
 from specviz.errors import SpecvizError
+from specviz.metrics import METRIC_HELP
 from specviz.trace import Trace
+from specviz.viz.charts import (block_confidences, fig_accepted_hist, fig_confidence_calibration,
+                                fig_cost_curve, fig_gate, fig_position_acceptance,
+                                fig_round_lengths, fig_slot_confidence, gate_rounds, has_confidence)
+from specviz.viz.prompt import copied_from_prompt, prompt_html
+from specviz.viz.rounds import WAIT_SHOWN_S, round_summary_html
+from specviz.viz.stats import live_metrics, trace_prefix
+from specviz.viz.tables import CompareRun, position_table, rounds_table, to_csv_bytes, topk_table
+from specviz.viz.tokens import legend_html, tokens_html
+from specviz.viz.tree import block_tree_figure
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
 REJECTED_MODES = {"all": "every round", "selected": "selected round only", "none": "hide"}
@@ -77,7 +86,7 @@ def decoding_text(s) -> str:
 
 
 def run_vs_ar(target, methods: list[str], prompts: list, settings,
-              params: dict[str, dict]) -> list[viz.CompareRun] | None:
+              params: dict[str, dict]) -> list[CompareRun] | None:
     """AR and ``methods`` run to the end on ``prompts`` (interleaved, appstate.compare_runs)
     under a progress bar; None, with a red message, when a run fails."""
     total = (len(methods) + 1) * len(prompts)
@@ -98,7 +107,7 @@ def run_vs_ar(target, methods: list[str], prompts: list, settings,
 
 def compare_columns(wall_help: str = "Prefill + decoding") -> dict:
     """Column settings of a table of runs vs AR (Compare page, AdaPLD ablation): the metrics
-    with their one definition (specviz.analysis.metrics)."""
+    with their one definition (specviz.metrics)."""
     num = st.column_config.NumberColumn
     return {
         "new_tokens": num("new tokens", help="Tokens generated (all prompts together)"),
@@ -146,7 +155,7 @@ def _fmt(x, spec: str, none: str = "—") -> str:
 
 
 def metrics_row(trace: Trace) -> None:
-    m = viz.live_metrics(trace)
+    m = live_metrics(trace)
     c = st.columns(5)
     c[0].metric("tau (tokens / round)", f"{m['tau']:.2f}" if m["rounds"] else "—",
                 help=METRIC_HELP["tau"] + " (so far).")
@@ -156,7 +165,7 @@ def metrics_row(trace: Trace) -> None:
     c[2].metric("Generated tokens", m["new_tokens"],
                 help=f"Drafted {m['drafted']} tokens, accepted {m['accepted']}.")
     waited = (f" {m['wait_time']:.2f} s of it was waiting for another tab's turn on the "
-              "shared model." if m["wait_time"] >= viz.WAIT_SHOWN_S else "")
+              "shared model." if m["wait_time"] >= WAIT_SHOWN_S else "")
     c[3].metric("Tokens / s", f"{m['tokens_per_s']:.1f}" if m["rounds"] else "—",
                 help=f"Generated tokens ÷ decode time ({m['decode_time']:.2f} s; the "
                      f"prefill took {m['prefill_time']:.2f} s and is not included).{waited}")
@@ -204,7 +213,7 @@ def _rounds_dataframe(table) -> None:
                          "verify total (ms)", format="%.1f",
                          help="Wait + forward + verification + cache update"),
                  })
-    if (table["t_wait_ms"] >= viz.WAIT_SHOWN_S * 1000).any():
+    if (table["t_wait_ms"] >= WAIT_SHOWN_S * 1000).any():
         st.caption("Some rounds waited for another browser tab's turn on the shared model "
                    "(**waited for model**): that time is a queue, not this method's compute.")
 
@@ -230,17 +239,17 @@ def _tokens_section(trace: Trace, view: Trace, sel: int, prefix: str) -> None:
         mode = st.radio("Rejected draft tokens", list(REJECTED_MODES),
                         format_func=REJECTED_MODES.get, horizontal=True,
                         key=f"{prefix}_rejected", label_visibility="collapsed")
-    st.html(viz.legend_html(include_css=True))
-    st.html(viz.tokens_html(view, rejected=mode, selected_round=sel - 1 if sel else None,
+    st.html(legend_html(include_css=True))
+    st.html(tokens_html(view, rejected=mode, selected_round=sel - 1 if sel else None,
                             include_css=False))
     if sel:
-        st.html(viz.round_summary_html(view, sel - 1))
+        st.html(round_summary_html(view, sel - 1))
         _topk_section(view, sel - 1)
     with st.expander(f"Prompt as the model saw it ({len(trace.prompt_ids)} tokens, chat "
                      "template included)"):
-        if sel and viz.copied_from_prompt(view, sel - 1):
+        if sel and copied_from_prompt(view, sel - 1):
             st.caption(f"Round {sel}'s draft was copied from the prompt: outlined below.")
-        st.html(viz.prompt_html(view, sel - 1 if sel else None))
+        st.html(prompt_html(view, sel - 1 if sel else None))
 
 
 def _topk_section(view: Trace, i: int) -> None:
@@ -251,7 +260,7 @@ def _topk_section(view: Trace, i: int) -> None:
                    "would have picked there and how likely. Lookup drafters (PLD, AdaPLD) copy "
                    "one token and have no top-k (—). Draft tokens after the first rejection "
                    "were never judged and are left out.")
-        st.dataframe(viz.topk_table(view, i), hide_index=True, width="stretch",
+        st.dataframe(topk_table(view, i), hide_index=True, width="stretch",
                      column_config={
                          "slot": st.column_config.NumberColumn(
                              "slot", help="Draft position (1 = first token after the prompt "
@@ -269,15 +278,15 @@ def _chart(fig, key: str) -> None:
 
 def _charts_section(view: Trace, sel: int, prefix: str) -> None:
     st.markdown("##### Charts")
-    _chart(viz.fig_round_lengths(view, sel - 1 if sel else None), f"{prefix}_fig_rounds")
+    _chart(fig_round_lengths(view, sel - 1 if sel else None), f"{prefix}_fig_rounds")
     c = st.columns(2)
     with c[0]:
-        _chart(viz.fig_position_acceptance(view), f"{prefix}_fig_pos")
+        _chart(fig_position_acceptance(view), f"{prefix}_fig_pos")
     with c[1]:
-        _chart(viz.fig_accepted_hist(view), f"{prefix}_fig_hist")
-    if viz.has_confidence(view):
+        _chart(fig_accepted_hist(view), f"{prefix}_fig_hist")
+    if has_confidence(view):
         _confidence_section(view, sel, prefix)
-    if len(viz.gate_rounds(view)):
+    if len(gate_rounds(view)):
         _gate_section(view, prefix)
     if view.meta.get("cost_model"):
         _cost_section(view, prefix)
@@ -294,18 +303,18 @@ def _confidence_section(view: Trace, sel: int, prefix: str) -> None:
                "accepted — confident-but-rejected slots show where the drafter misleads.")
     c = st.columns(2)
     pick = sel - 1 if sel else 0
-    if not viz.block_confidences(view.rounds[pick]):
-        pick = max(i for i, r in enumerate(view.rounds) if viz.block_confidences(r))
+    if not block_confidences(view.rounds[pick]):
+        pick = max(i for i, r in enumerate(view.rounds) if block_confidences(r))
     with c[0]:
-        _chart(viz.fig_slot_confidence(view, pick), f"{prefix}_fig_conf")
+        _chart(fig_slot_confidence(view, pick), f"{prefix}_fig_conf")
     with c[1]:
-        _chart(viz.fig_confidence_calibration(view), f"{prefix}_fig_calib")
+        _chart(fig_confidence_calibration(view), f"{prefix}_fig_calib")
     if (view.rounds[pick].extras or {}).get("tree_slots"):
         st.caption("This round's block was verified as a token tree: the slots' top words, "
                    "most probable paths first (the product of the slots' probabilities), as "
                    "many nodes as paid for the wider verify. The accepted path may run "
                    "through a slot's second or third word, where a chain would have stopped.")
-        _chart(viz.block_tree_figure(view, pick), f"{prefix}_fig_block_tree")
+        _chart(block_tree_figure(view, pick), f"{prefix}_fig_block_tree")
 
 
 def _gate_section(view: Trace, prefix: str) -> None:
@@ -321,7 +330,7 @@ def _gate_section(view: Trace, prefix: str) -> None:
                    "is also skipped (a plain step) when the target's own state predicts "
                    "fewer accepted tokens than the forward and the smallest verify cost "
                    "(triangles).")
-        _chart(viz.fig_gate(view), f"{prefix}_fig_gate")
+        _chart(fig_gate(view), f"{prefix}_fig_gate")
 
 
 def _cost_section(view: Trace, prefix: str) -> None:
@@ -340,7 +349,7 @@ def _cost_section(view: Trace, prefix: str) -> None:
             st.caption(f"Target numerics: {view.meta['numerics']}")
         if view.meta.get("kernels"):
             st.caption(f"Target linears: {view.meta['kernels']}")
-        _chart(viz.fig_cost_curve(view), f"{prefix}_fig_cost")
+        _chart(fig_cost_curve(view), f"{prefix}_fig_cost")
 
 
 def _downloads(trace: Trace, prefix: str) -> None:
@@ -351,11 +360,11 @@ def _downloads(trace: Trace, prefix: str) -> None:
                          mime="application/json", key=f"{prefix}_dl_trace",
                          on_click="ignore", width="stretch",
                          help="The whole run; open it later on the 'Open a saved trace' page.")
-    d[1].download_button("Rounds table (CSV)", viz.to_csv_bytes(viz.rounds_table(trace)),
+    d[1].download_button("Rounds table (CSV)", to_csv_bytes(rounds_table(trace)),
                          file_name="specviz-rounds.csv", mime="text/csv",
                          key=f"{prefix}_dl_rounds", on_click="ignore", width="stretch")
     d[2].download_button("Per-position acceptance (CSV)",
-                         viz.to_csv_bytes(viz.position_table(trace)),
+                         to_csv_bytes(position_table(trace)),
                          file_name="specviz-positions.csv", mime="text/csv",
                          key=f"{prefix}_dl_pos", on_click="ignore", width="stretch")
 
@@ -363,11 +372,11 @@ def _downloads(trace: Trace, prefix: str) -> None:
 def trace_view(trace: Trace, prefix: str, downloads: bool = True) -> None:
     """The whole explorer for ``trace``; widget keys start with ``prefix``."""
     sel = _scrub(trace, prefix)
-    view = viz.trace_prefix(trace, sel)
+    view = trace_prefix(trace, sel)
     metrics_row(view)
     _tokens_section(trace, view, sel, prefix)
     st.markdown("##### Rounds")
-    table = viz.rounds_table(view)
+    table = rounds_table(view)
     if table.empty:
         st.caption("One row per round appears here as the rounds run.")
     else:

@@ -1,6 +1,7 @@
-"""Where a DFlash run loses time against AR, by kind of round (issue 10: "never below 1.0x").
+"""Where a DFlash run loses time against AR, by kind of round.
 
-    python scripts/gate_loss.py runs/bench_c3-traces
+    python -m specviz bench --methods dflash --save-traces --out OUT ...   # any bench
+    python scripts/gate_loss.py OUT/traces
 
 Reads a bench's saved traces (``bench --save-traces``: TRACES/ar/CAT/ID.json and
 TRACES/dflash/CAT/ID.json, same prompts) and prints per category the decode-time speedup and,

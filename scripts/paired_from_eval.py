@@ -5,8 +5,10 @@ results/edr_sampled/eval_t1/eval.csv "dflash:runs/ft1-decay_ce" "dflash:runs/ft1
 import csv
 import json
 import sys
+from pathlib import Path
 
-from specviz.analysis.offline_eval import bootstrap_ci
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, no install
+from specviz.analysis.offline_eval import bootstrap_ci  # noqa: E402
 
 
 def main(path: str, labels: list[str]) -> dict:

@@ -5,7 +5,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 . scripts/setup_env.sh
-export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"  # see specviz/__init__.py
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"  # see specviz/__main__.py
 # Browser tests drive Debian's chromium through Playwright (never `playwright install`).
 if [ ! -x /usr/bin/chromium ]; then
   if [ "$(id -u)" = "0" ]; then

@@ -259,7 +259,7 @@ def compare_runs(target, methods: list[str], prompts: list[ComparePrompt],
     called as tokens are generated.
     """
     from .bench import PromptItem, iter_side_by_side
-    from .viz import CompareRun
+    from .viz.tables import CompareRun
 
     items = [PromptItem(p.id, p.title, p.prompt) for p in prompts]
     n_methods = len([baseline] + [m for m in dict.fromkeys(methods) if m != baseline])

@@ -1,8 +1,8 @@
-"""Prompt-set loaders and the side-by-side benchmark runner (METHODS §0 metrics).
+"""Prompt-set loaders and the side-by-side benchmark runner (the metrics of :mod:`specviz.metrics`).
 
 Every method runs on the same prompts in one process, interleaved prompt by prompt with the
 plain autoregressive baseline (AR), so the speedup is measured in the same run on the same
-machine state. Per method and category (definitions: :mod:`specviz.analysis.metrics`): tau
+machine state. Per method and category (definitions: :mod:`specviz.metrics`): tau
 (committed tokens per round), target forward passes, tokens/s, wall-clock speedup vs AR, and
 (greedy) whether the output equals AR's token for token.
 """
@@ -17,9 +17,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from .analysis import metrics
-from .analysis.lossless import LosslessReport
+from . import metrics
+from .analysis.lossless import LosslessReport, LosslessVerdict, lossless_verdict
 from .errors import SpecvizError
+from .provenance import provenance
 
 
 @dataclass
@@ -31,7 +32,8 @@ class PromptItem:
 
 
 def _row_to_prompt(row: dict, i: int, source: str) -> PromptItem | None:
-    """Recognise the public formats: Spec-Bench, GSM8K, MBPP, Alpaca seed tasks, specviz examples."""
+    """Recognise the public formats: Spec-Bench, GSM8K, MBPP, Alpaca seed tasks, specviz examples.
+    """
     if "turns" in row:  # Spec-Bench question.jsonl
         turns = row["turns"] or []
         if not turns:
@@ -156,10 +158,10 @@ class BenchResult:
                 out.append(_table_row(m, cat, rs, ar_wall.get(cat)))
         return out
 
-    def verdict(self) -> metrics.LosslessVerdict:
+    def verdict(self) -> LosslessVerdict:
         """Lossless verdict over every non-AR run (greedy; near-ties as checked by run_bench)."""
         greedy = float((self.meta.get("settings") or {}).get("temperature", 0.0) or 0.0) == 0
-        return metrics.lossless_verdict(
+        return lossless_verdict(
             (LosslessReport(r.identical_to_ar, near_tie=bool(r.near_tie))
              for r in self.rows if r.identical_to_ar is not None), greedy=greedy)
 
@@ -177,13 +179,13 @@ class BenchResult:
 
 
 def _table_row(method: str, category: str, rs: list[BenchRow], ar_wall: float | None) -> dict:
-    """One aggregate row of :meth:`BenchResult.table` (metrics: specviz.analysis.metrics)."""
+    """One aggregate row of :meth:`BenchResult.table` (metrics: specviz.metrics)."""
     toks = sum(r.new_tokens for r in rs)
     forwards = sum(r.rounds for r in rs)
     wall = sum(r.wall_s for r in rs)
     tps = metrics.tokens_per_s(toks, sum(r.decode_s for r in rs))
     speed = metrics.speedup(ar_wall, wall)
-    verdict = metrics.lossless_verdict(r.identical_to_ar for r in rs)
+    verdict = lossless_verdict(r.identical_to_ar for r in rs)
     return {
         "method": method, "category": category, "prompts": len(rs),
         "tau": round(metrics.tau(toks, forwards), 3),
@@ -284,7 +286,8 @@ def run_bench(target, methods: list[str], prompts: list[PromptItem], settings,
                                "dtype": str(target.dtype).replace("torch.", ""),
                                "numerics": getattr(target.numerics, "summary", lambda: None)(),
                                "kernels": getattr(target.kernels, "summary", lambda: None)(),
-                               "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
+                               "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                               "provenance": provenance()})
     total = len(order) * len(prompts)
     ar_ids = None
     for item, m, sess, wall in iter_side_by_side(target, order, prompts, settings, method_params):

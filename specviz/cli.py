@@ -47,8 +47,8 @@ def render_terminal(trace, color: bool = True, show_rejected: bool = True) -> st
     return "".join(f"{style.get(v.kind, YELLOW)}{v.text}{RESET}" for v in views)
 
 
-def _print_summary(trace, file=None) -> None:
-    """One line of headline numbers: :meth:`Trace.summary` (specviz.analysis.metrics)."""
+def print_summary(trace, file=None) -> None:
+    """One line of headline numbers: :meth:`Trace.summary` (specviz.metrics)."""
     file = file or sys.stdout
     s = trace.summary()
     print(f"\nmethod={s['method']}  tau={s['tau']:.2f} (tokens/round)  "
@@ -102,7 +102,7 @@ def cmd_run(args) -> int:
     color = sys.stdout.isatty() and not args.no_color and not os.environ.get("NO_COLOR") \
         or args.color
     print(render_terminal(trace, color=color, show_rejected=not args.hide_rejected))
-    _print_summary(trace)
+    print_summary(trace)
     if args.save:
         path = trace.save(args.save)
         print(f"trace saved to {path}")
@@ -115,7 +115,7 @@ def cmd_show(args) -> int:
     trace = Trace.load(args.trace)
     color = sys.stdout.isatty() and not args.no_color or args.color
     print(render_terminal(trace, color=color, show_rejected=not args.hide_rejected))
-    _print_summary(trace)
+    print_summary(trace)
     return 0
 
 
@@ -204,8 +204,10 @@ def cmd_align(args) -> int:
 
     from .analysis.alignment import table_rows
     from .analysis.suffix_bound import bound_rows
+    from .provenance import provenance
     from .trace import Trace
 
+    prov = provenance()
     root = Path(args.traces)
     if not root.is_dir():
         raise SpecvizError(f"{root} is not a folder of traces (bench --save-traces writes one)")
@@ -240,6 +242,9 @@ def cmd_align(args) -> int:
                 w = csv.DictWriter(fh, fieldnames=list(table[0]))
                 w.writeheader()
                 w.writerows(table)
+            # a CSV holds no metadata: where and how it was made goes beside it
+            side = Path(path).with_suffix(".provenance.json")
+            side.write_text(json.dumps(prov, indent=1) + "\n")
     return 0
 
 
@@ -325,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_show_and_bench(sub, methods, epilog)
     add_eval(sub)
     _add_align(sub)
-    tsub = sub.add_parser("train", help="make rollouts / train a drafter (METHODS §1)"
+    tsub = sub.add_parser("train", help="make rollouts / train a drafter (docs/methods/dflash.md)"
                           ).add_subparsers(dest="train_cmd", required=True)
     add_train_rollouts(tsub)
     add_train_prompts(tsub)

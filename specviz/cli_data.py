@@ -1,7 +1,7 @@
 """Command line, training data: ``python -m specviz train
 {rollouts,prompts,prefill,soft-labels,store}`` -- greedy rollouts with tapped target hidden
 states, Magpie prompts, exact prefill labels, the target's top-k soft labels and the history
-store (METHODS §1, §3; issue 10's "more exact signal per CPU hour"). Entry point and
+store (docs/methods/dflash.md, docs/methods/adapld.md). Entry point and
 error rule (one ``error:`` line): :mod:`specviz.cli`.
 """
 from __future__ import annotations
@@ -136,7 +136,7 @@ def cmd_train_soft_labels(args) -> int:
 
 
 def cmd_train_store(args) -> int:
-    from .drafters.history_store import store_from_rollouts
+    from .train.history import store_from_rollouts
     from .train.rollout_store import read_meta
 
     meta = read_meta(args.rollouts[0])

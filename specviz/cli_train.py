@@ -1,8 +1,8 @@
-"""Command line, learned drafters: ``python -m specviz train
-{dflash,retrace,gate-probe,finetune}`` and ``eval`` -- training DFlash, ReTrace's fusion, the
-forward gate's state probe and EDR fine-tuning, and the exact offline evaluation on cached
-rollouts (METHODS §1, §2, §4). Training data: :mod:`specviz.cli_data`; entry point and error
-rule (one ``error:`` line): :mod:`specviz.cli`.
+"""Command line, learned drafters: ``python -m specviz train {dflash,retrace,gate-probe,finetune}``
+and ``eval`` -- training DFlash, ReTrace's fusion, the forward gate's state probe and EDR
+fine-tuning, and the exact offline evaluation on cached rollouts (docs/methods/dflash.md,
+docs/methods/retrace.md, docs/methods/edr.md). Training data: :mod:`specviz.cli_data`; entry point
+and error rule (one ``error:`` line): :mod:`specviz.cli`.
 """
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from .errors import SpecvizError
 
 def cmd_train_dflash(args) -> int:
     from .models import load_target
-    from .train.dflash_train import TrainConfig, train_dflash
+    from .train.dflash_setup import TrainConfig
+    from .train.dflash_train import train_dflash
     from .train.rollout_store import read_meta
 
     cfg = TrainConfig(block_size=args.block_size, num_layers=args.layers, steps=args.steps,
@@ -41,7 +42,7 @@ def cmd_train_dflash(args) -> int:
 
 
 def cmd_train_retrace(args) -> int:
-    from .drafters.dflash import bundled_checkpoint, load_dflash_checkpoint
+    from .drafters.dflash.checkpoint import bundled_checkpoint, load_dflash_checkpoint
     from .models import load_target
     from .train.retrace_train import ReTraceTrainConfig, train_retrace
     from .train.rollout_store import read_meta
@@ -77,8 +78,9 @@ def cmd_train_retrace(args) -> int:
 
 
 def cmd_train_gate_probe(args) -> int:
-    from .drafters.dflash import bundled_checkpoint, load_dflash_checkpoint, resolve_checkpoint
-    from .drafters.state_probe import checkpoint_sha256, save_state_probe
+    from .drafters.dflash.checkpoint import (bundled_checkpoint, load_dflash_checkpoint,
+                                             resolve_checkpoint)
+    from .drafters.dflash.state_probe import checkpoint_sha256, save_state_probe
     from .models import load_target
     from .train.gate_probe import check_holdout, fit_gate_probe
     from .train.rollout_store import RolloutSet
@@ -110,7 +112,9 @@ def cmd_eval(args) -> int:
     from tqdm.auto import tqdm
 
     from .analysis.offline_eval import offline_compare, parse_drafters
+    from .provenance import provenance
 
+    prov = provenance()    # at the start: the machine's load before the run
     specs = parse_drafters(args.drafters)
     rs, target = _eval_rollouts_and_target(args)
     n = len(rs) if args.limit is None else min(args.limit, len(rs))
@@ -118,6 +122,7 @@ def cmd_eval(args) -> int:
     res = offline_compare(target, rs, specs, limit=n, progress=lambda d, t: bar.update(1))
     bar.close()
     real_s = _add_real_runs(res, target, rs, specs, args.real, n) if args.real else None
+    res["provenance"] = prov
     out = Path(args.out)
     _write_eval(res, out)
     _print_eval(res, [s.label for s in specs], n, real_s)
@@ -192,7 +197,7 @@ def _print_eval(res: dict, labels: list[str], n: int, real_s: float | None) -> N
 
 
 def cmd_train_finetune(args) -> int:
-    from .drafters.dflash import bundled_checkpoint, load_dflash_checkpoint
+    from .drafters.dflash.checkpoint import bundled_checkpoint, load_dflash_checkpoint
     from .models import load_target
     from .train.edr_train import EDRTrainConfig, finetune
     from .train.rollout_store import read_meta
@@ -207,7 +212,7 @@ def cmd_train_finetune(args) -> int:
         raise SpecvizError("--init is needed: no bundled DFlash drafter for this target")
     model = load_dflash_checkpoint(init)
     if args.markov_rank:   # DSpark: the same backbone + a zero-initialised Markov head
-        from .drafters.dspark import add_markov_head
+        from .drafters.dflash.dspark import add_markov_head
 
         add_markov_head(model, args.markov_rank, seed=args.seed)
     res = finetune(target, model, args.rollouts, args.eval, args.out, cfg, show_bar=True)

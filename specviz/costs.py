@@ -1,4 +1,4 @@
-"""The measured verify-cost model c(k) (issue 14): what a target forward over k new tokens costs,
+"""The measured verify-cost model c(k): what a target forward over k new tokens costs,
 relative to a one-token forward.
 
 On a CPU the curve is a *step*, not a slope: one new token runs matrix-vector kernels, two or

@@ -1,4 +1,4 @@
-"""A code-editing dev set built from MBPP (issue 14): prompts that give a Python function and ask
+"""A code-editing dev set built from MBPP: prompts that give a Python function and ask
 for an edited version of it.
 
 Editing is where prompt lookup pays most (the AdaPLD paper's headline): the reply repeats long

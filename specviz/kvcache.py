@@ -1,4 +1,4 @@
-"""KV-cache surgery after a verify forward (speculative decoding §0, step 4).
+"""KV-cache surgery after a verify forward (speculative decoding, step 4).
 
 A verify forward appends one KV row per input token [last committed token, draft...] to the
 target's cache. After verification only the committed rows may stay: the root and the accepted

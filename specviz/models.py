@@ -1,4 +1,4 @@
-"""Target loading (speculative decoding §0: the target model p).
+"""Target loading (speculative decoding: the target model p).
 
 A target is a HF hub id or a local folder loaded with AutoModelForCausalLM / AutoTokenizer,
 or the embedded default ``"default"``: SmolLM2-135M-Instruct shipped as a GGUF file inside the
@@ -309,7 +309,7 @@ def _cpu_numerics(model, tokenizer, dev: str, dt: torch.dtype, dtype, kernels):
     numerics = None
     if dev == "cpu" and dtype in (None, "auto"):
         from .numerics import choose_cpu_numerics
-        model, numerics = choose_cpu_numerics(model, _check_tokens(tokenizer))
+        model, numerics = choose_cpu_numerics(model, check_tokens(tokenizer))
         dt = next(model.parameters()).dtype
         if kernels is not None and dt != torch.float32:   # bfloat16 won: its copy of the model
             from .kernels import uninstall                  # needs no fp32 dispatch
@@ -317,7 +317,7 @@ def _cpu_numerics(model, tokenizer, dev: str, dt: torch.dtype, dtype, kernels):
             kernels = None
     elif dev == "cpu" and dt == torch.bfloat16:  # asked for: make it lossless where it can be
         from .numerics import Numerics, prepare_bfloat16
-        w = prepare_bfloat16(model, _check_tokens(tokenizer))
+        w = prepare_bfloat16(model, check_tokens(tokenizer))
         numerics = Numerics("bfloat16", w or 1, "asked for" if w else
                             "asked for; its logits depend on the forward width here, so greedy "
                             "outputs can differ from plain decoding at near-ties")
@@ -337,7 +337,7 @@ def linear_kernels(dtype) -> str:
     return "measured" if dtype in (None, "auto") else "default"
 
 
-def _check_tokens(tokenizer) -> list[int]:
+def check_tokens(tokenizer) -> list[int]:
     """Real text for the width-invariance check (its token ids; any text works)."""
     text = ("Speculative decoding drafts a few tokens and verifies them in one forward pass of "
             "the target model; the longest agreeing prefix is kept. ") * 3

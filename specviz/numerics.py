@@ -1,5 +1,5 @@
-"""Batch-invariant verification (METHODS §0, "Lossless"): the target's dtype on a CPU and the
-forward width from which a row's logits no longer depend on how many rows the forward has.
+"""Batch-invariant verification (docs/architecture.md, "Lossless"): the target's dtype on a CPU and
+the forward width from which a row's logits no longer depend on how many rows the forward has.
 
 Greedy speculative decoding is lossless only if the verify forward over [last, draft...] gives,
 row for row, the logits plain decoding gives one token at a time. Kernels pick their algorithm

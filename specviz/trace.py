@@ -1,4 +1,4 @@
-"""Round and Trace records (speculative decoding §0; DESIGN "Round record").
+"""Round and Trace records: what a speculative run did, round by round (docs/traces.md).
 
 A :class:`Round` is one speculative round: what the drafter proposed, what the target said at
 every drafted position, what was accepted, committed and rejected, and how long it took. A
@@ -13,9 +13,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .analysis import metrics
+from . import metrics
 from .errors import TraceError
-from .trace_schema import MAX_DEPTH, SCHEMA_VERSION, validate_trace_dict
+from .trace_checks import validate_trace_dict
+from .trace_schema import MAX_DEPTH, SCHEMA_VERSION
 from .tree import TokenTree
 
 MAX_TRACE_BYTES = 200 * 1024 * 1024
@@ -120,7 +121,7 @@ class Round:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Round":
-        """A round from a checked record (:func:`specviz.trace_schema.validate_trace_dict`)."""
+        """A round from a checked record (:func:`specviz.trace_checks.validate_trace_dict`)."""
         names = {f.name for f in fields(cls)}
         r = cls(**{k: v for k, v in d.items() if k in names})
         r.extras = dict(r.extras or {})
@@ -153,7 +154,7 @@ class Trace:
 
     @property
     def tau(self) -> float:
-        """tau: committed tokens per round (:func:`specviz.analysis.metrics.tau`)."""
+        """tau: committed tokens per round (:func:`specviz.metrics.tau`)."""
         return metrics.tau(self.new_tokens, self.num_rounds)
 
     @property
@@ -175,7 +176,7 @@ class Trace:
         return "".join(self.token_texts.get(t, "") for t in self.output_ids)
 
     def summary(self) -> dict[str, Any]:
-        """Headline numbers of the run (definitions: :mod:`specviz.analysis.metrics`)."""
+        """Headline numbers of the run (definitions: :mod:`specviz.metrics`)."""
         return {
             "method": self.meta.get("method"),
             "rounds": self.num_rounds,

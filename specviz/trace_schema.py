@@ -1,24 +1,23 @@
-"""The trace file's declared schema: what a saved run may hold (DESIGN "Round record").
+"""The trace file's declared schema: what a saved run may hold (docs/traces.md).
 
 A trace file is what users pass around (teaching material, bug reports), so every reader -- the
-app's upload, ``specviz show``, the bench and eval loaders -- checks it here, once, through
-:func:`validate_trace_dict` (called by :meth:`specviz.trace.Trace.from_dict`):
+app's upload, ``specviz show``, the bench and eval loaders -- checks it once, through
+:func:`specviz.trace_checks.validate_trace_dict` (called by
+:meth:`specviz.trace.Trace.from_dict`). This module is the declared part:
 
 1. the pydantic models below declare every field a view reads, with its type, range and size
    (token ids, non-negative counts and times, finite probabilities in [0, 1], settings in the
-   ranges :class:`specviz.engine.DecodeSettings` accepts); unknown keys are kept;
+   ranges :class:`specviz.engine.DecodeSettings` accepts); unknown keys are kept; a model's
+   error becomes one sentence (:func:`first_error`);
 2. :func:`scan_values` walks the parsed JSON for what the models leave open (unknown keys):
    nesting depth, and finite numbers everywhere (NaN or infinity cannot be written back by
-   the Download button);
-3. :func:`check_structure` checks what one field cannot say alone: rounds numbered in order,
-   each starting where the previous one ended, a chain's or a tree's accepted tokens committed
-   as drafted, tree parents before their children, per-row lists no longer than the verify's
-   rows, and token ids within the trace's vocabulary (``meta.vocab_size``, else the ids that have
-   a text in ``token_texts``).
+   the Download button).
 
-Every failure is one :class:`~specviz.errors.TraceError` sentence that names the field and the
-round in the app's words: rounds count from 1, as on the pages ("round 3: 'draft' must be a list
-of token ids; item 2 is 'hello'").
+What no single field says (rounds in order, trees, committed tokens, ids within the vocabulary)
+is checked by :mod:`specviz.trace_checks`. Every failure is one
+:class:`~specviz.errors.TraceError` sentence that names the field and the round in the app's
+words: rounds count from 1, as on the pages ("round 3: 'draft' must be a list of token ids;
+item 2 is 'hello'").
 """
 from __future__ import annotations
 
@@ -280,7 +279,8 @@ def _where(loc: tuple) -> str:
     return f"{head + ': ' if head else ''}'{'.'.join(names)}'"
 
 
-def _shown(v: Any) -> str:
+def shown(v: Any) -> str:
+    """A value as a sentence quotes it (cut to 40 characters)."""
     s = repr(v)
     return s if len(s) <= 40 else s[:37] + "..."
 
@@ -293,140 +293,28 @@ def _sentence(err: dict) -> str:
     if kind == "missing":
         return f"{_where(loc)} is missing"
     if len(loc) == 2 and loc[0] == "token_texts":
-        return (f"'token_texts': the text of token {_shown(loc[1])} must be text, got "
-                f"{_shown(err.get('input'))}")
+        return (f"'token_texts': the text of token {shown(loc[1])} must be text, got "
+                f"{shown(err.get('input'))}")
     if len(loc) == 2 and loc[0] == "rounds" and isinstance(loc[1], int):
-        return f"round {loc[1] + 1} must be an object of round fields, got {_shown(err.get('input'))}"
+        return (f"round {loc[1] + 1} must be an object of round fields, got "
+                f"{shown(err.get('input'))}")
     item = ""
     # the offending item of a list: 'draft' item 2 is 'hello'
     if loc and isinstance(loc[-1], int) and named:
         cut = max(i for i, x in enumerate(loc) if not isinstance(x, int))
-        loc, item = loc[:cut + 1], f"; item {loc[-1] + 1} is {_shown(err.get('input'))}"
+        loc, item = loc[:cut + 1], f"; item {loc[-1] + 1} is {shown(err.get('input'))}"
     words = FIELD_WORDS.get(field) or TYPE_WORDS.get(kind) or err.get("msg", "is not valid").lower()
     if kind in ("too_long", "too_short"):
         words = f"{TYPE_WORDS[kind]} ({err.get('msg', '').lower()})"
-    got = item or f", got {_shown(err.get('input'))}"
+    got = item or f", got {shown(err.get('input'))}"
     return f"{_where(loc)} {words}{got}"
 
 
-def _first_error(exc: ValidationError) -> str:
+def first_error(exc: ValidationError) -> str:
+    """The one sentence a failed model validation is told in (the outermost error first)."""
     errs = exc.errors(include_url=False)
     # a wrong container type is told before the items inside it
     errs.sort(key=lambda e: len(e.get("loc", ())))
     n = len(errs)
     more = f" (and {n - 1} more problem{'s' if n > 2 else ''})" if n > 1 else ""
     return _sentence(errs[0]) + more
-
-
-# ---------------------------------------------------------------- 3. structure
-def _fail(i: int, what: str) -> None:
-    raise TraceError(f"round {i + 1}: {what}")
-
-
-def _check_tree(i: int, r: dict) -> None:
-    draft, parents, path = r["draft"], r["parents"], r.get("accepted_path", [])
-    if len(parents) != len(draft):
-        _fail(i, f"'parents' has {len(parents)} entries for {len(draft)} draft nodes")
-    for n, p in enumerate(parents):
-        if not -1 <= p < n:
-            _fail(i, f"node {n + 1} has parent {p}: a parent comes before its child "
-                     "(-1 is the root)")
-    prev = -1
-    for node in path:
-        if node >= len(draft) or parents[node] != prev:
-            _fail(i, f"'accepted_path' {path} is not a path down the draft tree")
-        prev = node
-    if r["accepted"] != len(path):
-        _fail(i, f"'accepted' is {r['accepted']} but the accepted path has {len(path)} nodes")
-
-
-def _check_round(i: int, r: dict, start: int) -> None:
-    if r["index"] != i:
-        _fail(i, f"'index' is {r['index']}; rounds are numbered 0, 1, 2, ... in file order")
-    if r["start"] != start:
-        _fail(i, f"'start' is {r['start']} but the prompt and the rounds before it end at "
-                 f"position {start}")
-    draft, acc, com = r["draft"], r["accepted"], r["committed"]
-    if r.get("parents") is not None:
-        _check_tree(i, r)
-        path_tokens = [draft[n] for n in r.get("accepted_path", [])]
-    else:
-        if r.get("accepted_path"):
-            _fail(i, "'accepted_path' is for tree drafts; this round is a chain (no parents)")
-        if acc > len(draft):
-            _fail(i, f"'accepted' is {acc} but the draft has {len(draft)} token(s)")
-        path_tokens = draft[:acc]
-    if not acc <= len(com) <= acc + 1:
-        _fail(i, f"'committed' has {len(com)} tokens; a round commits its {acc} accepted "
-                 "token(s) and at most one of the target's")
-    if list(com[:acc]) != list(path_tokens):
-        _fail(i, "the committed tokens differ from the accepted draft tokens")
-    rows = len(draft) + 1
-    for k in ("target_argmax", "target_argmax_prob", "target_topk", "target_topk_prob"):
-        if len(r.get(k, [])) > rows:
-            _fail(i, f"'{k}' has {len(r[k])} rows; its verify had {rows}")
-    for k in ("p_draft", "q_draft"):
-        if len(r.get(k, [])) not in (0, len(draft)):
-            _fail(i, f"'{k}' has {len(r[k])} entries for {len(draft)} draft tokens")
-    for ids, ps in (("target_topk", "target_topk_prob"),):
-        if r.get(ps) and [len(x) for x in r[ps]] != [len(x) for x in r.get(ids, [])][:len(r[ps])]:
-            _fail(i, f"'{ps}' does not have the shape of '{ids}'")
-
-
-def _check_ids(d: dict) -> None:
-    """Token ids within the trace's vocabulary: ``meta.vocab_size`` when recorded, else the ids
-    that have a text (a recorded trace writes the text of every id it holds)."""
-    vocab = (d.get("meta") or {}).get("vocab_size")
-    texts = d.get("token_texts") or {}
-    if vocab is None and not texts:
-        return
-    known = None if vocab is not None else set(texts)
-
-    def bad(t: int) -> bool:
-        return t >= vocab if vocab is not None else str(t) not in known
-
-    def words(t: int) -> str:
-        return (f"token id {t} is outside the model's vocabulary (0 to {vocab - 1})"
-                if vocab is not None else f"token id {t} has no text in 'token_texts'")
-
-    for t in d.get("prompt_ids", []):
-        if bad(t):
-            raise TraceError(f"'prompt_ids': {words(t)}")
-    for i, r in enumerate(d["rounds"]):
-        rows = r.get("target_topk", []) if vocab is not None else []
-        for k, ids in (("draft", r["draft"]), ("committed", r["committed"]),
-                       ("target_argmax", r.get("target_argmax", [])),
-                       ("target_topk", [t for row in rows for t in row])):
-            for t in ids:
-                if bad(t):
-                    _fail(i, f"'{k}': {words(t)}")
-
-
-def check_structure(d: dict) -> None:
-    """What no single field says: see the module docstring, item 3."""
-    for k in d.get("token_texts") or {}:
-        if not (k.isdigit() and int(k) < MAX_ID):
-            raise TraceError(f"'token_texts': key {_shown(k)} is not a token id")
-    start = len(d.get("prompt_ids", []))
-    for i, r in enumerate(d["rounds"]):
-        _check_round(i, r, start)
-        start += len(r["committed"])
-    _check_ids(d)
-
-
-def validate_trace_dict(d: Any) -> None:
-    """Check a parsed trace file; raises TraceError with one sentence naming field and round."""
-    if not isinstance(d, dict):
-        raise TraceError("not a specviz trace (expected a JSON object)")
-    if "schema_version" not in d or "rounds" not in d:
-        raise TraceError("not a specviz trace (no schema_version / rounds)")
-    ver = d["schema_version"]
-    if not isinstance(ver, int) or isinstance(ver, bool) or not 1 <= ver <= SCHEMA_VERSION:
-        raise TraceError(f"unsupported trace schema_version {_shown(ver)} (this specviz reads "
-                         f"1..{SCHEMA_VERSION})")
-    try:
-        TraceRecord.model_validate(d)
-    except ValidationError as exc:
-        raise TraceError(_first_error(exc)) from None
-    scan_values(d)   # what the models leave open (unknown keys): depth, finite numbers
-    check_structure(d)

@@ -1,4 +1,4 @@
-"""Verification of drafts against the target (speculative decoding §0), as pure functions.
+"""Verification of drafts against the target (speculative decoding), as pure functions.
 
 Greedy: accept the longest prefix where draft == target argmax, then add the target's own token.
 Sampling (Leviathan et al. / Chen et al.): accept x with probability min(1, p(x)/q(x)); on

@@ -1,6 +1,6 @@
 """The real app in a real browser, shared by the browser tests: ``streamlit run app.py`` on a
 free port (one server for the whole test run) and headless Debian Chromium through Playwright
-(see /work/shared/docs/APP_TESTING.md); helpers that drive the sidebar."""
+(docs/guide.md: what the tests check); helpers that drive the sidebar."""
 from __future__ import annotations
 
 import os
@@ -87,13 +87,13 @@ def browser():
             b.close()
 
 
-def _max_round_js() -> str:
+def max_round_js() -> str:
     return ("n => { const el = document.querySelectorAll('.specviz-tokens [data-round]');"
             " let m = -1; el.forEach(e => { m = Math.max(m, +e.dataset.round); });"
             " return m + 1 >= n; }")
 
 
-def _pick(page, key: str, option: str) -> None:
+def pick(page, key: str, option: str) -> None:
     """Choose ``option`` in the selectbox / multiselect with widget key ``key`` (a react-aria
     combobox; the rendered copy is the visible one)."""
     page.locator(f".st-key-{key} input[role='combobox'] >> visible=true").first.click()
@@ -102,7 +102,7 @@ def _pick(page, key: str, option: str) -> None:
     page.keyboard.press("Escape")
 
 
-def _open(page, server: str, link: str) -> None:
+def open_page(page, server: str, link: str) -> None:
     """Open the app at its main page, then go to the page ``link`` through the navigation (a
     deep link to a page's url shows Streamlit's "page not found" dialog before it routes)."""
     page.goto(server + "/", wait_until="domcontentloaded")

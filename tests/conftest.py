@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see specviz/__init__.py
+# OpenMP waiting as the entry points set it (specviz/__main__.py, app.py), before torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("GOMP_SPINCOUNT", "20000")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
@@ -131,7 +133,7 @@ def first_two_token_counts(target, prompt, drafter_fn, n, settings_kw, on_trace=
 def sampling_pair():
     """(a 12-word tiny target with a flat-ish law, a block-4 DFlash drafter for it whose slots
     put real mass on a few tokens): the chi-square sampling tests of the block drafters."""
-    from specviz.drafters.dflash import new_dflash_for_target
+    from specviz.drafters.dflash.checkpoint import new_dflash_for_target
 
     target = make_tiny_target(vocab_size=12, seed=5, layers=1, eos=0)
     with torch.no_grad():
@@ -211,7 +213,8 @@ def ar_reply(target, prompt, max_new_tokens: int) -> tuple[list[int], list[int]]
 
 def ar_trace(target, prompt: str, max_new_tokens: int):
     """Plain greedy decoding's trace of ``prompt``, made once per (target, prompt, length)."""
-    from specviz.engine import DecodeSettings, generate
+    from specviz.engine import DecodeSettings
+    from specviz.run import generate
 
     key = (id(target), prompt, max_new_tokens)
     if key not in _AR_CACHE:
@@ -226,7 +229,8 @@ def greedy_lossless_runs(target, method: str, prompts: list[dict], max_new_token
     are cached per prompt and length across tests); fails on any divergence that is not a
     near-tie. Returns (ar trace, method trace, comparison) per prompt."""
     from specviz.analysis.lossless import compare_outputs
-    from specviz.engine import DecodeSettings, generate
+    from specviz.engine import DecodeSettings
+    from specviz.run import generate
 
     settings = DecodeSettings(max_new_tokens=max_new_tokens)
     out = []
@@ -256,7 +260,7 @@ def lossless_on_examples(target, method: str, n_per_category: int, allowed_ties:
 def _fresh_adapld_experience():
     """AdaPLD carries per-source experience across runs of one model in a process; every test
     starts without any, so its outcome does not depend on which tests ran before it."""
-    from specviz.drafters.adapld_control import clear_experience
+    from specviz.drafters.adapld.control import clear_experience
 
     clear_experience()
     yield
@@ -266,7 +270,8 @@ def counted_lossless_run(monkeypatch, target, drafter, ids, settings):
     """Run ``drafter`` on ``ids``, counting its forwards (``block_hidden`` calls), and check the
     output equals plain decoding's. Returns (trace, number of drafter forwards)."""
     from specviz.analysis.lossless import compare_outputs
-    from specviz.engine import Session, generate
+    from specviz.engine import Session
+    from specviz.run import generate
 
     calls = []
     real = drafter.block_hidden

@@ -1,5 +1,6 @@
-"""AdaPLD (METHODS §3): lossless greedy and sampling with real trees, retrieval (incremental
-n-gram index, semantic windows), adaptive control, settings errors; one embedded-model run."""
+"""AdaPLD (docs/methods/adapld.md): lossless greedy and sampling with real trees, retrieval
+(incremental n-gram index, semantic windows), adaptive control, settings errors; one embedded-model
+run."""
 import json
 from pathlib import Path
 import random
@@ -9,13 +10,17 @@ import pytest
 import torch
 
 from specviz.analysis.lossless import compare_outputs
-from specviz.drafters import METHODS, Draft, Drafter, make_drafter
-from specviz.drafters.adapld_control import SourceStats
-from specviz.drafters.adapld import (AdaPLDDrafter, NgramIndex, WindowIndex, lexical_candidates,
-                                     semantic_candidates)
+from specviz.drafters import METHODS, make_drafter
+from specviz.drafters.adapld.control import SourceStats
+from specviz.drafters.adapld.drafter import AdaPLDDrafter
+from specviz.drafters.base import Draft
+from specviz.drafters.base import Drafter
 from specviz.drafters.base import DraftContext, VerifyFeedback
-from specviz.engine import DecodeSettings, Session, generate
+from specviz.drafters.lookup.index import NgramIndex, lexical_candidates
+from specviz.drafters.lookup.semantic import WindowIndex, semantic_candidates
+from specviz.engine import DecodeSettings, Session
 from specviz.errors import SettingsError
+from specviz.run import generate
 from specviz.trace import Round, Trace
 from specviz.tree import TokenTree
 
@@ -163,7 +168,7 @@ def test_minilm_finds_planted_paraphrase_that_lexical_misses():
     best_n, lex = lexical_candidates(NgramIndex.build(ids), 8)
     assert best_n == 0 and lex == []  # no earlier occurrence of the suffix's last word
 
-    from specviz.drafters.adapld import minilm_embed_fn
+    from specviz.drafters.lookup.semantic import minilm_embed_fn
     windex = WindowIndex(8, minilm_embed_fn(tok))
     sem = semantic_candidates(windex, ids, 8, top_k=3, threshold=0.3, aligned=False)
     assert sem, "no window above the threshold"
@@ -185,7 +190,7 @@ def test_minilm_finds_planted_paraphrase_that_lexical_misses():
     assert (source, kind) == ("semfree", "semantic") and suffix == [len(ids) - 8, len(ids)]
     assert cands[0].span == top.span
     d = on.propose(DraftContext(list(ids), len(ids), 8, 0))
-    assert d.tokens and d.tokens == top.tokens[:len(d.tokens)]  # the planted continuation
+    assert d.tokens and d.tokens == top.tokens[:len(d.tokens)]  # the planted copy
     assert d.extras["retrieval"] == "semantic"
     m = d.extras["matches"][0]
     assert m["kind"] == "semantic" and m["ngram"] is None and m["similarity"] >= 0.3
@@ -236,7 +241,7 @@ def test_incremental_index_equals_rebuild_and_never_rescans(tiny_target):
     fresh = WindowIndex(drafter.window, w.embed_fn)
     fresh.update(sess.tokens)
     assert torch.allclose(fresh.vecs[:fresh.count], w.vecs[:w.count], atol=1e-5)
-    # a context that is not a continuation (another session) triggers a rebuild
+    # a context that does not extend the indexed one (another run) triggers a rebuild
     drafter.index.sync([1, 2, 3])
     assert drafter.index.resets == 1 and drafter.index.tokens == [1, 2, 3]
 
@@ -289,7 +294,7 @@ def _root_tokens(d):
     return set(d.tokens[:1])
 
 
-def _synthetic_run(drafter, tokens, rounds, truth_fn, start=0, begin=True):
+def synthetic_run(drafter, tokens, rounds, truth_fn, start=0, begin=True):
     """Drive a drafter without a model: ``truth_fn(tokens, draft)`` returns the target's next
     tokens (greedy); the round accepts the longest drafted path that matches them."""
     if begin:
@@ -334,7 +339,7 @@ def _follow_pattern(tokens, d):
 
 def test_adaptive_switches_off_when_nothing_is_accepted_and_reprobes():
     drafter = AdaPLDDrafter(semantic="off")
-    rounds, _ = _synthetic_run(drafter, PATTERN * 3, 80, _reject)
+    rounds, _ = synthetic_run(drafter, PATTERN * 3, 80, _reject)
     kinds = [r.extras["retrieval"] for r in rounds]
     assert all(r.accepted == 0 for r in rounds)
     first_off = kinds.index("off")
@@ -356,14 +361,14 @@ def test_adaptive_switches_off_when_nothing_is_accepted_and_reprobes():
 def test_adaptive_turns_back_on_and_grows_on_repetition():
     drafter = AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8)  # the controller alone
     # phase 1: rejections switch drafting off
-    rounds, tokens = _synthetic_run(drafter, PATTERN * 3, 25, _reject)
+    rounds, tokens = synthetic_run(drafter, PATTERN * 3, 25, _reject)
     assert rounds[-1].extras["retrieval"] == "off" or rounds[-1].extras["probe"]
     # phase 2: the target now continues the pattern; a probe succeeds and drafting resumes
     # (phase 1's rejected tokens make the pattern's matches disagree on the next token: the
     # control's key is the split lex3 source, whose record phase 1 wrote; a unanimous match is
     # a source of its own)
     assert rounds[-1].extras["agreement"] == "split"
-    more, _ = _synthetic_run(drafter, tokens, 45, _follow_pattern, start=25, begin=False)
+    more, _ = synthetic_run(drafter, tokens, 45, _follow_pattern, start=25, begin=False)
     drafted = [r for r in more if r.draft and r.extras.get("agreement") == "split"]
     assert drafted and drafted[0].extras["probe"] and drafted[0].accepted == len(drafted[0].draft)
     assert not more[-1].extras["probe"] and more[-1].extras["retrieval"] == "lexical"  # back on
@@ -379,7 +384,7 @@ def test_adaptive_turns_back_on_and_grows_on_repetition():
 
 def test_draft_length_shrinks_on_early_rejection():
     drafter = AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8)  # the controller alone
-    rounds, tokens = _synthetic_run(drafter, PATTERN * 3, 12, _follow_pattern)
+    rounds, tokens = synthetic_run(drafter, PATTERN * 3, 12, _follow_pattern)
     grown = rounds[-1].extras["draft_len"]
     assert grown == drafter.max_draft
 
@@ -387,7 +392,7 @@ def test_draft_length_shrinks_on_early_rejection():
         t = _follow_pattern(tokens, d)
         return [t[0], 99, 98]
 
-    more, _ = _synthetic_run(drafter, tokens, 8, reject_second, start=12, begin=False)
+    more, _ = synthetic_run(drafter, tokens, 8, reject_second, start=12, begin=False)
     lens = [r.extras["draft_len"] for r in more if r.draft]
     assert lens[-1] < grown and lens[-1] <= 3
 
@@ -492,12 +497,12 @@ def _stub_target(name="stub"):
 def test_experience_carries_a_pause_to_the_next_prompt_of_the_same_model():
     first = AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8, learn=True)
     first.begin(_stub_target(), PATTERN * 3)
-    rounds, _ = _synthetic_run(first, PATTERN * 3, 30, _reject, begin=False)
+    rounds, _ = synthetic_run(first, PATTERN * 3, 30, _reject, begin=False)
     assert rounds[-1].extras["retrieval"] == "off" or rounds[-1].extras["probe"]
 
     def opening(drafter, target):
         drafter.begin(target, PATTERN * 3)
-        rs, _ = _synthetic_run(drafter, PATTERN * 3, 6, _reject, begin=False)
+        rs, _ = synthetic_run(drafter, PATTERN * 3, 6, _reject, begin=False)
         return [r.extras["retrieval"] for r in rs]
 
     # same model: the sources the record left paused start paused (no probe in the first
@@ -521,7 +526,7 @@ def test_experience_carries_acceptance_estimates():
     optimistic than the prior), not from the prior."""
     first = AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8, learn=True)
     first.begin(_stub_target(), PATTERN * 3)
-    _synthetic_run(first, PATTERN * 3, 20, _follow_pattern, begin=False)
+    synthetic_run(first, PATTERN * 3, 20, _follow_pattern, begin=False)
     nxt = AdaPLDDrafter(semantic="off", cost="cpu", max_copy=8, learn=True)
     nxt.begin(_stub_target(), PATTERN * 3)
     src = next(s for s in first.stats if s.startswith("lex"))
@@ -535,8 +540,8 @@ def test_weak_evidence_waits_for_a_probe_on_a_steep_curve_and_drafts_where_verif
     CPU curve (c(2) = 2.3) it starts paused, with probes 16 rounds apart; on a flat curve it
     drafts at once. A strong source (unanimous 2-gram) drafts on both."""
     from specviz.costs import CostModel
-    from specviz.drafters.adapld import Candidate
-    from specviz.drafters.adapld_control import WEAK_PROBE_GAPS, stats_key
+    from specviz.drafters.adapld.control import WEAK_PROBE_GAPS, stats_key
+    from specviz.drafters.lookup.index import Candidate
 
     steep = CostModel.from_points([(1, 1.0), (2, 2.3), (16, 2.6), (64, 6.0)], 0.05)
     for curve, weak_off in ((steep, True), (CostModel.flat(0.05), False)):

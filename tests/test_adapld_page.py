@@ -13,9 +13,10 @@ from specviz import appstate
 from specviz.drafters import make_drafter
 from specviz.errors import SettingsError
 from specviz.trace import Round, Trace
-from specviz.viz import CompareRun
 from specviz.viz import adapld as va
 from specviz.viz import tree as vt
+from specviz.viz.adapld_context import context_spans_html, context_tokens, round_context
+from specviz.viz.tables import CompareRun
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 TEXTS = {i: f" w{i}" for i in range(100)}
@@ -163,7 +164,7 @@ def test_branch_tree_figure_chain_empty_and_out_of_range(trace):
 
 # ---------------------------------------------------------------- the context with matches
 def test_context_spans_mark_matches_suffix_and_copy(trace):
-    toks = va.context_tokens(trace, 0)
+    toks = context_tokens(trace, 0)
     assert [t.position for t in toks] == list(range(10))
     by = {t.position: t for t in toks}
     # lexical span 2-5 (drafted) wins over the semantic alternative 0-4 where they overlap
@@ -171,27 +172,27 @@ def test_context_spans_mark_matches_suffix_and_copy(trace):
     assert by[0].kind == "semantic" and not by[0].used
     assert all(by[p].copy == 0 and by[p].copy_used for p in (5, 6))
     assert [p for p, t in by.items() if t.suffix] == [7, 8, 9]
-    h = va.context_spans_html(trace, 0)
+    h = context_spans_html(trace, 0)
     assert 'class="ctx-tok m-lex' in h and "m-sem m-alt" in h
     assert "m-copy" in h and "m-suffix" in h
     assert 'class="badge b-lex"' in h and 'class="badge b-alt"' in h and "b-copy" in h
     assert re.search(r"L1 0\.80", h) and re.search(r"S4 0\.91", h)
     assert "&lt;b&gt;&amp;" in h and "<b>&" not in h  # token 7 is escaped
     assert "draft ▸" in h
-    assert h.startswith("\n<style>") and not va.context_spans_html(
+    assert h.startswith("\n<style>") and not context_spans_html(
         trace, 0, include_css=False).startswith("\n<style>")
 
 
 def test_context_spans_semantic_output_and_empty_matches(trace):
-    h = va.context_spans_html(trace, 1)
+    h = context_spans_html(trace, 1)
     assert 'class="ctx-tok m-sem' in h and "S1 0.93" in h
     assert "ctx-out" in h and "output ▸" in h   # generated tokens follow the prompt
-    none = va.context_spans_html(trace, 2, include_css=False)
+    none = context_spans_html(trace, 2, include_css=False)
     assert "m-lex" not in none and "m-sem" not in none and "m-copy" not in none
     assert "no draft (no match)" in none
-    off = va.context_spans_html(trace, 3, include_css=False)
+    off = context_spans_html(trace, 3, include_css=False)
     assert "retrieval paused" in off and "m-suffix" in off and "b-alt" in off
-    assert "No such round" in va.context_spans_html(trace, 17)
+    assert "No such round" in context_spans_html(trace, 17)
 
 
 def test_context_collapse_hides_unmarked_stretches():
@@ -201,8 +202,8 @@ def test_context_collapse_hides_unmarked_stretches():
         r.start += 60
         r.extras = {**r.extras, "suffix": None, "matches": [
             lex((2, 5), (5, 9), [20], 0.8, 0)]}
-    full = va.context_spans_html(long, 0)
-    short = va.context_spans_html(long, 0, collapse=3, include_css=False)
+    full = context_spans_html(long, 0)
+    short = context_spans_html(long, 0, collapse=3, include_css=False)
     assert full.count('class="ctx-tok') == 70
     assert 'class="ctx-gap"' in short and short.count('class="ctx-tok') < 30
     assert "m-lex" in short and "m-copy" in short
@@ -249,15 +250,15 @@ def test_non_adapld_traces_are_recognised():
     assert va.is_adapld_trace(make_adapld_trace())
     assert va.retrieval_counts(pld)["other"] == 4
     va.branch_tree_figure(pld, 3)  # a tree round of another drafter still draws
-    va.context_spans_html(pld, 0)
+    context_spans_html(pld, 0)
 
 
 def test_round_context_and_json_roundtrip(trace):
-    assert va.round_context(trace, 0) == list(range(1, 11))
-    assert va.round_context(trace, 2) == list(range(1, 11)) + [20, 21, 30, 40, 50]
+    assert round_context(trace, 0) == list(range(1, 11))
+    assert round_context(trace, 2) == list(range(1, 11)) + [20, 21, 30, 40, 50]
     back = Trace.from_json(trace.to_json())
     for i in range(trace.num_rounds):
-        assert va.context_spans_html(back, i) == va.context_spans_html(trace, i)
+        assert context_spans_html(back, i) == context_spans_html(trace, i)
         assert va.branch_tree_figure(back, i).to_json() == va.branch_tree_figure(trace, i).to_json()
 
 

@@ -1,6 +1,8 @@
 """Rejected-suffix alignment on hand-made traces: offsets, top-k hits, partners, tree rounds."""
 from __future__ import annotations
 
+import json
+
 from specviz.analysis.alignment import by_category, by_slot, rejected_tokens, summarize
 from specviz.trace import Round, Trace
 
@@ -64,4 +66,6 @@ def test_alignment_table_and_align_cli(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "dflash" in out and "all (qa)" in out
     assert (tmp_path / "a.csv").read_text().startswith("method,slot,rejected")
+    prov = json.loads((tmp_path / "a.provenance.json").read_text())   # beside the CSV
+    assert prov["command"] and prov["commit"]
     assert main(["align", str(tmp_path / "nope")]) == 2

@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from specviz import appstate, viz
+from specviz import appstate
 from specviz.engine import DecodeSettings, Session
 from specviz.errors import SettingsError, TraceError
 from specviz.trace import Trace
+from specviz.viz.stats import speedup_estimate
+from specviz.viz.tables import compare_runs_table, topk_table
+from specviz.viz.tokens import tokens_html
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 TIMEOUT = 180
@@ -119,7 +122,7 @@ def test_compare_runs_on_a_tiny_model(tiny_target):
     assert [(r.prompt_id, r.method) for r in runs] == [("p1", "ar"), ("p1", "pld"),
                                                         ("p2", "ar"), ("p2", "pld")]
     assert seen and seen == sorted(seen) and 0 <= seen[0] and seen[-1] <= 1.0
-    per = viz.compare_runs_table(runs)
+    per = compare_runs_table(runs)
     assert per["identical_to_ar"].all()          # greedy speculative decoding is lossless
     assert (per[per.method == "ar"].target_forwards == per[per.method == "ar"].new_tokens).all()
 
@@ -207,7 +210,7 @@ def test_next_round_three_times(decoded_app):
 
 @pytest.mark.integration
 def test_prompt_as_seen_topk_and_estimate_are_shown(decoded_app):
-    """Issue 13: the prompt with its chat template marked, the top-k of the selected round one
+    """The prompt with its chat template marked, the top-k of the selected round one
     click away, and the speedup labelled as an estimate."""
     at = decoded_app
     trace = at.session_state["dec_trace"]
@@ -215,7 +218,7 @@ def test_prompt_as_seen_topk_and_estimate_are_shown(decoded_app):
     assert 'class="ptok template' in prompt and 'class="ptok user' in prompt
     assert "added by the chat template" in prompt
     topk = next(d.value for d in at.dataframe if "target_topk" in d.value.columns)
-    assert topk.equals(viz.topk_table(trace, trace.num_rounds - 1))
+    assert topk.equals(topk_table(trace, trace.num_rounds - 1))
     assert all(r.target_topk for r in trace.rounds)
     assert any("**estimate**" in c.value and "**measured**" in c.value for c in at.caption)
 
@@ -365,7 +368,7 @@ def test_open_a_saved_trace_without_a_model(decoded_app):
     live = decoded_app.session_state["dec_trace"]
     # the upload path: bytes -> Trace (AppTest does not render st.file_uploader)
     trace = appstate.load_trace_bytes(live.to_json().encode("utf-8"))
-    assert viz.tokens_html(trace) == viz.tokens_html(live)
+    assert tokens_html(trace) == tokens_html(live)
     at = new_app()
     at.switch_page("pages/trace.py").run()
     assert_clean(at)
@@ -499,6 +502,6 @@ def test_loaded_target_has_a_measured_cost_curve(tiny_target, monkeypatch):
     tr = Session(target, make_drafter("pld", num_output_tokens=8), [5, 6, 7, 5, 6, 7, 5, 6] * 4,
                  DecodeSettings(max_new_tokens=24, chat_template=False)).run()
     assert tr.meta["cost_model"]["step_time"] > 0
-    est = viz.speedup_estimate(tr)
+    est = speedup_estimate(tr)
     assert est.value is not None
     assert "verify-cost model" in est.basis or "without a draft" in est.basis

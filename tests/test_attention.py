@@ -89,7 +89,8 @@ def test_only_where_it_applies():
 @pytest.mark.integration
 def test_the_embedded_target_verifies_with_it(embedded_target):
     """Loaded targets on a CPU use it (the integration tests' lossless runs go through it)."""
-    from specviz.engine import DecodeSettings, generate
+    from specviz.engine import DecodeSettings
+    from specviz.run import generate
 
     assert embedded_target.model.config._attn_implementation == ATTENTION
     s = DecodeSettings(max_new_tokens=24)

@@ -1,4 +1,4 @@
-"""Issue 10 item 3: a block drafter verifies only the prefix of its block that pays for the
+"""A block drafter verifies only the prefix of its block that pays for the
 longer verify (measured cost model, confidence calibrated online); output never changes."""
 from __future__ import annotations
 
@@ -6,9 +6,12 @@ import random
 
 from specviz.analysis.lossless import compare_outputs
 from specviz.costs import CostModel
-from specviz.drafters.block_cut import PROBE_GAPS, BlockCut, ForwardGate
-from specviz.drafters.dflash import DFlashDrafter, new_dflash_for_target
-from specviz.engine import DecodeSettings, Session, generate
+from specviz.drafters.dflash.block_cut import BlockCut, ForwardGate
+from specviz.drafters.dflash.checkpoint import new_dflash_for_target
+from specviz.drafters.dflash.drafter import DFlashDrafter
+from specviz.drafters.probes import PROBE_GAPS
+from specviz.engine import DecodeSettings, Session
+from specviz.run import generate
 
 from conftest import counted_lossless_run, repetitive_prompt
 
@@ -58,15 +61,15 @@ def test_dflash_with_the_cut_is_lossless_and_records_why(tiny_target):
 
 
 def test_slot_chart_shows_where_the_block_was_cut():
-    from specviz import viz
     from specviz.trace import Round, Trace
+    from specviz.viz.charts import fig_slot_confidence
 
     r = Round(index=0, start=3, drafter="dflash", draft=[5, 6], accepted=1, committed=[5, 9],
               p_draft=[0.9, 0.2],
               extras={"block_size": 5, "confidence": [0.9, 0.6],
                       "cut": {"kept": 2, "block": 4, "block_confidence": [0.9, 0.6, 0.3, 0.2],
                               "value": [1.0, 1.2, 1.3, 1.25, 1.1]}})
-    fig = viz.fig_slot_confidence(Trace(meta={}, prompt_ids=[1, 2, 3], rounds=[r]), 0)
+    fig = fig_slot_confidence(Trace(meta={}, prompt_ids=[1, 2, 3], rounds=[r]), 0)
     cut = next(d for d in fig.data if d.name == "cut (not verified)")
     assert list(cut.x) == [3, 4] and list(cut.y) == [0.3, 0.2]
     assert any("cut after 2" in (a.text or "") for a in fig.layout.annotations)
@@ -104,7 +107,7 @@ def test_the_forward_gate_keeps_a_drafter_that_pays():
 def test_dflash_paused_rounds_run_no_drafter_forward_and_stay_lossless(tiny_target, monkeypatch):
     """cut="auto" on a random drafter and a steep curve: the gate pauses it; a paused round is a
     plain step without the drafter's forward (counted), and the output is still AR's."""
-    import specviz.drafters.dflash as dflash_mod
+    import specviz.drafters.dflash.drafter as dflash_mod
     timed = CostModel.from_points([(1, 1.0), (2, 1.9), (4, 3.5), (8, 7.0)], 1e-4)  # a 0.1 ms step
     monkeypatch.setattr(dflash_mod, "cost_curve", lambda *a, **k: timed)
     rng = random.Random(7)
@@ -118,7 +121,7 @@ def test_dflash_paused_rounds_run_no_drafter_forward_and_stay_lossless(tiny_targ
     drafted = [r for r in tr.rounds if r.extras.get("cut") and not r.extras["cut"].get("paused")]
     assert paused and all(r.draft == [] for r in paused)
     assert forwards == len(drafted)              # one drafter forward per non-paused round
-    from specviz.viz import gate_rounds
+    from specviz.viz.charts import gate_rounds
     g = gate_rounds(tr)                          # the decode page's gate chart reads the trace
     assert len(g) == len(paused) + len(drafted) and (g["kind"] == "paused").sum() == len(paused)
     probes = [r for r in drafted if r.extras["cut"]["probe"]]
@@ -145,7 +148,7 @@ def test_a_paused_round_says_so_on_the_decode_page():
 
 def test_the_gate_chart_tells_drafted_cut_probe_and_paused_rounds_apart():
     from specviz.trace import Round, Trace
-    from specviz.viz import fig_gate, gate_rounds
+    from specviz.viz.charts import fig_gate, gate_rounds
 
     def rnd(i, cut, committed=1):
         return Round(index=i, start=5 + i, drafter="dflash", draft=[], accepted=0,

@@ -1,4 +1,4 @@
-"""Issue 10: a DFlash block verified as a token tree (specviz.drafters.block_tree) -- the
+"""A DFlash block verified as a token tree (specviz.drafters.dflash.block_tree) -- the
 best-first tree is the best tree of its size, the cut sizes it by the cost curve, and output
 never changes (greedy on tiny models and on real prompts, sampling by chi-square), with one
 target forward per round."""
@@ -15,11 +15,13 @@ from conftest import assert_sampling_lossless, count_forwards, sampling_pair
 from test_dflash import qwen3_target  # noqa: F401  (fixture)
 from specviz.analysis.lossless import compare_outputs
 from specviz.costs import CostModel
-from specviz.drafters.block_cut import BlockCut
-from specviz.drafters.block_tree import best_first, path_confidence, tree_tokens
-from specviz.drafters.dflash import DFlashDrafter, new_dflash_for_target
-from specviz.engine import DecodeSettings, Session, generate
+from specviz.drafters.dflash.block_cut import BlockCut
+from specviz.drafters.dflash.block_tree import best_first, path_confidence, tree_tokens
+from specviz.drafters.dflash.checkpoint import new_dflash_for_target
+from specviz.drafters.dflash.drafter import DFlashDrafter
+from specviz.engine import DecodeSettings, Session
 from specviz.errors import SettingsError
+from specviz.run import generate
 from specviz.tree import TokenTree
 
 STEEP = CostModel.from_points([(1, 1.0), (2, 1.9), (4, 3.5), (8, 7.0)])
@@ -231,7 +233,8 @@ def test_bundled_drafter_with_trees_is_lossless_on_real_prompts(embedded_target)
 def test_views_of_a_tree_round(tiny_target):
     """The decode page's charts read tree rounds: per-slot bars from the block's top words,
     calibration over every judged node, the tree with each node's rank in its slot."""
-    from specviz import viz
+    from specviz.viz.charts import confidence_calibration, fig_slot_confidence
+    from specviz.viz.tree import block_tree_figure
 
     drafter = _tree_drafter(tiny_target, 3, block_size=6, tree=12, cut="off")
     tr = Session(tiny_target, drafter, [4, 5, 6, 7], DecodeSettings(max_new_tokens=16)).run()
@@ -239,13 +242,13 @@ def test_views_of_a_tree_round(tiny_target):
     r = tr.rounds[i]
     r.extras["cut"] = {"kept": len(r.draft), "block": 5, "tree": True,
                        "block_confidence": [0.5] * 5, "value": [1.0] * (len(r.draft) + 1)}
-    fig = viz.fig_slot_confidence(tr, i)
+    fig = fig_slot_confidence(tr, i)
     assert "tree of 12 nodes" in fig.layout.title.text
     bars = [t for t in fig.data if t.type == "bar"]
     assert sum(len(t.x) for t in bars) == 5
     judged = sum(s != "not_reached" for r in tr.rounds if r.is_tree for s in r.node_status())
-    assert int(viz.confidence_calibration(tr)["judged"].sum()) >= judged > 0
-    tree = viz.block_tree_figure(tr, i)
+    assert int(confidence_calibration(tr)["judged"].sum()) >= judged > 0
+    tree = block_tree_figure(tr, i)
     hovers = " ".join(str(h) for t in tree.data for h in (t.hovertext or []))
     assert "the slot's top word" in hovers and "2nd word" in hovers
 

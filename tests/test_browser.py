@@ -1,5 +1,5 @@
 """The real app in a real browser: `streamlit run app.py` on a free port, driven by headless
-Debian Chromium through Playwright (see /work/shared/docs/APP_TESTING.md). Screenshots and the
+Debian Chromium through Playwright (docs/guide.md: what the tests check). Screenshots and the
 measured Next-round latencies are written to test-artifacts/."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.browser_support import ARTIFACTS, IDLE, _max_round_js, _open, _pick
+from tests.browser_support import ARTIFACTS, IDLE, max_round_js, open_page, pick
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -28,7 +28,7 @@ def test_decode_page_next_round(server, browser):
         for i in range(1, 4):
             t0 = time.perf_counter()
             page.get_by_role("button", name="Next round").click()
-            page.wait_for_function(_max_round_js(), arg=i, timeout=60_000)
+            page.wait_for_function(max_round_js(), arg=i, timeout=60_000)
             latencies.append(time.perf_counter() - t0)   # click -> new tokens on screen
             page.wait_for_selector(IDLE, timeout=60_000)
         assert page.locator(".specviz-tokens .tok.accepted").count() > 0
@@ -61,37 +61,6 @@ def test_decode_page_next_round(server, browser):
               [round(x, 3) for x in latencies])
     finally:
         page.close()
-
-
-def _committed_text(page) -> str:
-    return page.eval_on_selector_all(
-        ".specviz-tokens .tok:not(.rejected)", "els => els.map(e => e.textContent).join('')")
-
-
-def test_two_tabs_at_once(server, browser):
-    """Two tabs (two Streamlit sessions) share the cached model; clicking in both at the same
-    time must give each its own, correct run (separate Sessions and KV caches)."""
-    ctxs = [browser.new_context(viewport={"width": 1200, "height": 900}) for _ in range(2)]
-    pages = [c.new_page() for c in ctxs]
-    try:
-        for p in pages:
-            p.goto(server + "/", wait_until="domcontentloaded")
-            p.get_by_role("button", name="Next round").wait_for(timeout=120_000)
-            p.wait_for_selector(IDLE, timeout=120_000)
-        for i in range(1, 4):
-            for p in pages:  # click both before waiting for either
-                p.get_by_role("button", name="Next round").click()
-            for p in pages:
-                p.wait_for_function(_max_round_js(), arg=i, timeout=60_000)
-                p.wait_for_selector(IDLE, timeout=60_000)
-        texts = [_committed_text(p) for p in pages]
-        assert texts[0] and texts[0] == texts[1]
-        for p in pages:
-            assert p.locator("[data-testid='stException']").count() == 0
-            assert p.locator(".specviz-tokens .tok.bonus").count() == 3
-    finally:
-        for c in ctxs:
-            c.close()
 
 
 def test_open_saved_trace_page(server, browser, tmp_path):
@@ -191,7 +160,7 @@ def test_each_method_explains_its_rounds(server, browser):
         for i in range(1, 6):
             t0 = time.perf_counter()
             page.get_by_role("button", name="Next round").click()
-            page.wait_for_function(_max_round_js(), arg=i, timeout=60_000)
+            page.wait_for_function(max_round_js(), arg=i, timeout=60_000)
             page.wait_for_selector(IDLE, timeout=60_000)
             settle.append(time.perf_counter() - t0)
         (ARTIFACTS / "next-round-settle.json").write_text(json.dumps(
@@ -200,7 +169,7 @@ def test_each_method_explains_its_rounds(server, browser):
         print("Next round settle (click -> idle), median s:", round(statistics.median(settle), 3))
         seen_first = 0
         for display in ("PLD", "AdaPLD", "DFlash", "ReTrace"):
-            _pick(page, "method", display)
+            pick(page, "method", display)
             page.get_by_role("button", name="Run to end").click()
             page.wait_for_selector(".specviz-tokens .tok", timeout=180_000)
             page.wait_for_selector(IDLE, timeout=180_000)
@@ -228,7 +197,7 @@ def test_compare_chips_and_tampered_trace(server, browser, tmp_path):
 
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
     try:
-        _open(page, server, "Compare methods")
+        open_page(page, server, "Compare methods")
         page.wait_for_selector(".st-key-cmp_methods", timeout=120_000)
         tags = ".st-key-cmp_methods [data-tag] >> visible=true"
         # the default selection renders its chips a moment after the widget: read them only
@@ -237,7 +206,7 @@ def test_compare_chips_and_tampered_trace(server, browser, tmp_path):
         page.wait_for_selector(IDLE, timeout=120_000)
         for name in ("PLD", "AdaPLD", "DFlash"):
             if name not in [t.strip() for t in page.locator(tags).all_inner_texts()]:
-                _pick(page, "cmp_methods", name)
+                pick(page, "cmp_methods", name)
         texts = [t.strip() for t in page.locator(tags).all_inner_texts()]
         assert {"PLD", "AdaPLD", "DFlash"} <= set(texts), texts
         # close the options list (a click outside it), run the comparison, and keep its
@@ -273,14 +242,14 @@ def test_retrace_and_edr_pages(server, browser):
     occupancies -- in a real browser, with screenshots for the README."""
     page = browser.new_page(viewport={"width": 1440, "height": 1400})
     try:
-        _open(page, server, "")
+        open_page(page, server, "")
         box = page.locator(".st-key-max_new_tokens input")
         box.fill("48")
         box.press("Enter")
         page.wait_for_selector(IDLE, timeout=60_000)
         # a math prompt: the DFlash backbone drafts there, so rejected suffixes (and the memory)
         # show up in the screenshots, where a summary mostly leaves the drafter paused
-        _pick(page, "category", "Math")
+        pick(page, "category", "Math")
         page.get_by_role("link", name="ReTrace: rejected suffixes").click()
         run = page.get_by_role("button", name="Run ReTrace and its backbone")
         run.wait_for(timeout=120_000)

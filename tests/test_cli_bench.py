@@ -137,6 +137,21 @@ def test_bench_runner_on_tiny_model(tiny_target, tmp_path):
     assert "| pld | all |" in format_table(table)
 
 
+def test_bench_json_records_provenance(tiny_target, tmp_path):
+    """bench.json says where and how it was made: commit, command, CPU, threads, load."""
+    import torch
+
+    from specviz.bench import PromptItem
+
+    res = run_bench(tiny_target, ["pld"], [PromptItem("p", "rep", "t5 t6 t7 t8 t5 t6 t7 t8")],
+                    DecodeSettings(max_new_tokens=8))
+    prov = json.loads(res.save(tmp_path)["json"].read_text())["meta"]["provenance"]
+    assert {"commit", "command", "cpu_model", "cpu_count", "torch_threads", "load_avg", "python",
+            "torch", "created"} <= set(prov)
+    assert prov["commit"] and prov["command"] and prov["cpu_model"]
+    assert prov["torch_threads"] == torch.get_num_threads() and prov["torch"] == torch.__version__
+
+
 def test_bench_runs_one_method_twice_under_labels(tiny_target):
     """``METHOD@LABEL``: the same method with other settings in the same run (e.g. two DFlash
     checkpoints); each label keeps its own settings and rows."""

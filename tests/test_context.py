@@ -1,10 +1,10 @@
-"""The drafters' context cache (specviz.drafters.context): in-place appends into buffers with
+"""The drafters' context cache (specviz.drafters.dflash.context): in-place appends into buffers with
 spare room must hold exactly what concatenating every round's rows would hold."""
 import random
 
 import torch
 
-from specviz.drafters.context import ContextCache
+from specviz.drafters.dflash.context import ContextCache
 
 
 def test_appends_and_crops_match_concatenation():

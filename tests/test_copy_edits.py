@@ -1,13 +1,13 @@
-"""Issue 14: long copies learn the edit of an editing task (a renamed name, an insertion) where a
+"""Long copies learn the edit of an editing task (a renamed name, an insertion) where a
 broken copy is re-found, and apply it at the next occurrences; a contradicted edit is forgotten."""
 from __future__ import annotations
 
 import random
 
-from specviz.drafters.adapld import AdaPLDDrafter
-from specviz.drafters.copy_edits import MAX_SPAN, EditMemory
+from specviz.drafters.adapld.drafter import AdaPLDDrafter
+from specviz.drafters.lookup.copy_edits import MAX_SPAN, EditMemory
 
-from test_adapld import _synthetic_run
+from test_adapld import synthetic_run
 
 OLD, NEW = (901, 902), (777,)        # a two-token name renamed to a one-token name
 
@@ -42,7 +42,7 @@ def _run(doc: list[int], want: list[int], learn: bool = True, rounds: int = 40):
     def truth(tokens, draft):
         k = len(tokens) - len(prompt) + 3
         return want[k:k + 70] or [1]
-    out, tokens = _synthetic_run(drafter, prompt, rounds, truth)
+    out, tokens = synthetic_run(drafter, prompt, rounds, truth)
     return out, drafter
 
 

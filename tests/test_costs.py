@@ -1,4 +1,4 @@
-"""The measured verify-cost model (issue 14): calibration bounded in time and cached per model,
+"""The measured verify-cost model: calibration bounded in time and cached per model,
 c(1) = 1 and monotone, online refinement robust to outliers, flat on accelerators, round-trip."""
 import dataclasses
 import json

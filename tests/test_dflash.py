@@ -1,6 +1,7 @@
-"""DFlash drafter (METHODS §1) on tiny random targets: the published checkpoint layout loads
-strictly, greedy output is lossless, the context cache stays consistent, a drafter that knows the
-answer gets its tokens accepted, sampling keeps the target distribution, bad input fails clearly."""
+"""DFlash drafter (docs/methods/dflash.md) on tiny random targets: the published checkpoint layout
+loads strictly, greedy output is lossless, the context cache stays consistent, a drafter that knows
+the answer gets its tokens accepted, sampling keeps the target distribution, bad input fails
+clearly."""
 import json
 import random
 
@@ -9,12 +10,14 @@ import torch
 
 from specviz.analysis.lossless import compare_outputs
 from specviz.drafters import make_drafter
-from specviz.drafters.dflash import (DFlashDrafter, default_target_layer_ids,
-                                     load_dflash_checkpoint, new_dflash_for_target,
-                                     save_dflash_checkpoint)
-from specviz.engine import DecodeSettings, Session, generate
+from specviz.drafters.dflash.checkpoint import (load_dflash_checkpoint, new_dflash_for_target,
+                                                save_dflash_checkpoint)
+from specviz.drafters.dflash.drafter import DFlashDrafter
+from specviz.drafters.dflash.model import default_target_layer_ids
+from specviz.engine import DecodeSettings, Session
 from specviz.errors import SettingsError, SpecvizError
 from specviz.models import ModelLoadError
+from specviz.run import generate
 
 from conftest import (assert_same_law, finish_tiny_target, first_two_token_counts,
                       sampling_pair)
@@ -261,7 +264,7 @@ def test_greedy_lossless_and_cache_consistent(kind, tiny_target, qwen3_target):
 
 
 def test_drafter_that_knows_the_answer_is_accepted(monkeypatch, tiny_target):
-    """Force the drafter's slot logits to the target's greedy continuation: long accepts, same
+    """Force the drafter's slot logits to the target's greedy reply: long accepts, same
     output -- the accept path works end to end (tau > 1)."""
     target = tiny_target
     rng = random.Random(5)
@@ -366,7 +369,7 @@ def test_bad_checkpoints_fail_clearly(tmp_path, qwen3_target, tiny_target):
 
 # ----------------------------------------------------------------------------- embedded model
 def test_bundled_drafter_only_for_its_target(tiny_target):
-    from specviz.drafters.dflash import BUNDLED_DIR, BUNDLED, bundled_checkpoint
+    from specviz.drafters.dflash.checkpoint import BUNDLED, BUNDLED_DIR, bundled_checkpoint
 
     folder = BUNDLED_DIR / BUNDLED["SmolLM2-135M-Instruct"]
     assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
@@ -382,7 +385,7 @@ def test_bundled_drafter_only_for_its_target(tiny_target):
 
 
 def test_bundled_drafters_by_name():
-    from specviz.drafters.dflash import BUNDLED_DIR, resolve_checkpoint
+    from specviz.drafters.dflash.checkpoint import BUNDLED_DIR, resolve_checkpoint
 
     names = sorted(p.name for p in BUNDLED_DIR.iterdir() if (p / "config.json").is_file())
     assert "dflash-smollm2-135m-instruct" in names

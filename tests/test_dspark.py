@@ -1,4 +1,4 @@
-"""DSpark (DFlash + Markov head, left-to-right block; issue 12) on tiny random targets: a new head
+"""DSpark (DFlash + Markov head, left-to-right block) on tiny random targets: a new head
 drafts exactly what its backbone drafts, the checkpoint round-trips strictly, the block really is
 drafted left to right, greedy output is lossless, sampling keeps the target distribution, the
 batched teacher-forced drafts equal the live drafter, and fine-tuning trains the head."""
@@ -12,16 +12,18 @@ import torch
 
 from specviz.analysis.edr import state_drafts
 from specviz.analysis.lossless import compare_outputs
-from specviz.analysis.offline_eval import dflash_state_drafts, offline_compare, parse_drafters, \
-    real_rounds
+from specviz.analysis.offline_eval import offline_compare, parse_drafters, real_rounds
 from specviz.bench import PromptItem
 from specviz.drafters import make_drafter
-from specviz.drafters.dflash import DFlashDrafter, load_dflash_checkpoint, new_dflash_for_target, \
-    save_dflash_checkpoint
-from specviz.drafters.dspark import DSparkDrafter, add_markov_head, chain_scores
-from specviz.engine import DecodeSettings, Session, generate
+from specviz.drafters.dflash.checkpoint import (load_dflash_checkpoint, new_dflash_for_target,
+                                                save_dflash_checkpoint)
+from specviz.drafters.dflash.drafter import DFlashDrafter
+from specviz.drafters.dflash.dspark import DSparkDrafter, add_markov_head, chain_scores
+from specviz.drafters.dflash.offline import dflash_state_drafts
+from specviz.engine import DecodeSettings, Session
 from specviz.errors import SettingsError
 from specviz.models import ModelLoadError
+from specviz.run import generate
 from specviz.train.rollout_store import RolloutSet
 from specviz.train.rollouts import make_rollouts
 
@@ -193,8 +195,8 @@ def test_dspark_needs_a_checkpoint_for_other_targets(tiny_target):
 
 
 def test_bundled_dspark_loads_strictly_and_only_for_its_target(tiny_target):
-    from specviz.drafters.dflash import BUNDLED_DIR, bundled_checkpoint
-    from specviz.drafters.dspark import BUNDLED
+    from specviz.drafters.dflash.checkpoint import BUNDLED_DIR, bundled_checkpoint
+    from specviz.drafters.dflash.dspark import BUNDLED
 
     folder = BUNDLED_DIR / BUNDLED["SmolLM2-135M-Instruct"]
     assert (folder / "model.safetensors").stat().st_size < 30 * 2 ** 20

@@ -1,4 +1,4 @@
-"""The code-editing dev set built from MBPP (issue 14): deterministic, every prompt carries the code
+"""The code-editing dev set built from MBPP: deterministic, every prompt carries the code
 and an instruction, every kind appears, renames name real identifiers, slices are disjoint."""
 import ast
 import json

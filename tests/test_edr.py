@@ -35,7 +35,7 @@ def test_expected_rounds_equal_replayed_rounds_for_a_deterministic_drafter(tiny_
 
 def test_state_drafts_make_edr_exact_for_pld_and_dflash(tiny_target):
     from specviz.analysis.edr import state_drafts
-    from specviz.drafters.dflash import DFlashDrafter
+    from specviz.drafters.dflash.drafter import DFlashDrafter
 
     for model, ro in dflash_cases(tiny_target, 9, 4, 24):
         y = ro.tokens[ro.prompt_len:]

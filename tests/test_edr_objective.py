@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from specviz.analysis import edr
+from specviz.drafters.dflash.offline import acceptance_from_probs
 from specviz.errors import SettingsError
-from specviz.train.objectives import (OBJECTIVES, acceptance_from_probs, edr_exact,
-                                      objective_loss, survival_surrogate, td_surrogate)
+from specviz.train.objectives import (OBJECTIVES, edr_exact, objective_loss, survival_surrogate,
+                                      td_surrogate)
 
 L, K = 12, 5
 
@@ -133,9 +134,10 @@ def test_finetune_objectives_run_from_the_same_weights(tmp_path, tiny_target):
     import copy
 
     from specviz.bench import PromptItem
-    from specviz.drafters.dflash import load_dflash_checkpoint, new_dflash_for_target
-    from specviz.train.block_forward import sequence_context
-    from specviz.train.edr_train import (EDRTrainConfig, edr_loss, finetune, state_acceptance)
+    from specviz.drafters.dflash.checkpoint import load_dflash_checkpoint, new_dflash_for_target
+    from specviz.drafters.dflash.offline import sequence_context
+    from specviz.drafters.dflash.offline import state_acceptance
+    from specviz.train.edr_train import EDRTrainConfig, edr_loss, finetune
     from specviz.train.rollout_store import RolloutSet
     from specviz.train.rollouts import make_rollouts
 

@@ -10,7 +10,7 @@ import torch
 from specviz.analysis.edr import evaluate
 from specviz.analysis.offline_eval import MARKOV, DrafterSpec, prompt_mrp
 from specviz.drafters import make_drafter
-from specviz.drafters.dflash import new_dflash_for_target, save_dflash_checkpoint
+from specviz.drafters.dflash.checkpoint import new_dflash_for_target, save_dflash_checkpoint
 from specviz.engine import DecodeSettings, Session
 from specviz.viz import edr as ve
 
@@ -18,7 +18,7 @@ APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
 
 def test_prompt_mrp_equals_real_runs(tiny_target, tmp_path):
-    from specviz.drafters.dspark import add_markov_head
+    from specviz.drafters.dflash.dspark import add_markov_head
 
     model = new_dflash_for_target(tiny_target, num_layers=1, block_size=5, seed=2,
                                   target_layer_ids=[0, 1])
@@ -41,7 +41,7 @@ def test_prompt_mrp_equals_real_runs(tiny_target, tmp_path):
 
 
 def test_prompt_mrp_on_a_sampled_reply(tiny_target, tmp_path):
-    from specviz.analysis.offline_eval import sampled_state_acceptance
+    from specviz.drafters.dflash.offline import sampled_state_acceptance
 
     model = new_dflash_for_target(tiny_target, num_layers=1, block_size=5, seed=2,
                                   target_layer_ids=[0, 1])

@@ -1,4 +1,4 @@
-"""EDR with sampled acceptance (METHODS §4, training at T > 0): sampled rollouts store the
+"""EDR with sampled acceptance (docs/methods/edr.md, training at T > 0): sampled rollouts store the
 target's p(y_t); the offline expected rounds with a[n, t] = min(1, q_T(y)/p(y)) agree with real
 sampled speculative runs (Monte Carlo, paired); fine-tuning and the eval CLI use it."""
 from __future__ import annotations
@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from specviz.analysis.edr import evaluate
-from specviz.analysis.offline_eval import (offline_compare, parse_drafters, real_rounds,
-                                           sampled_state_acceptance)
+from specviz.analysis.offline_eval import offline_compare, parse_drafters, real_rounds
 from specviz.bench import PromptItem
-from specviz.drafters.dflash import DFlashDrafter, new_dflash_for_target, save_dflash_checkpoint
+from specviz.drafters.dflash.checkpoint import new_dflash_for_target, save_dflash_checkpoint
+from specviz.drafters.dflash.drafter import DFlashDrafter
+from specviz.drafters.dflash.offline import sampled_state_acceptance
 from specviz.engine import DecodeSettings, Session
 from specviz.errors import SpecvizError
 from specviz.train.rollout_store import RolloutSet
@@ -115,9 +116,9 @@ def test_offline_compare_and_real_runs_on_sampled_rollouts(sampled, tiny_target)
 def test_finetune_on_sampled_rollouts_uses_sampled_acceptance(sampled, tiny_target, tmp_path):
     import copy
 
-    from specviz.train.block_forward import sequence_context
-    from specviz.train.edr_train import (EDRTrainConfig, edr_loss, finetune, state_acceptance,
-                                         state_logprobs)
+    from specviz.drafters.dflash.offline import sequence_context
+    from specviz.drafters.dflash.offline import state_acceptance, state_logprobs
+    from specviz.train.edr_train import EDRTrainConfig, edr_loss, finetune
 
     d, model = sampled
     rs = RolloutSet(d / "ro", split="train")

@@ -6,17 +6,20 @@ import pytest
 import torch
 
 from specviz.analysis.lossless import compare_outputs
-from specviz.drafters import Draft, Drafter, make_drafter
+from specviz.drafters import make_drafter
+from specviz.drafters.base import Draft
+from specviz.drafters.base import Drafter
 from specviz.drafters.pld import PLDDrafter
-from specviz.engine import DecodeSettings, Session, generate
+from specviz.engine import DecodeSettings, Session
 from specviz.errors import PromptError, SettingsError, SpecvizError, TraceError
+from specviz.run import generate
 from specviz.trace import Trace
 from specviz.tree import TokenTree
 
 from conftest import repetitive_prompt, assert_same_law, first_two_token_counts, make_tiny_target
 
 
-def _hf_greedy(target, ids, n):
+def hf_greedy(target, ids, n):
     out = target.model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
                                 eos_token_id=list(target.eos_token_ids),
                                 pad_token_id=list(target.eos_token_ids)[0])
@@ -28,7 +31,7 @@ def test_ar_session_equals_hf_generate(tiny_target):
     for _ in range(5):
         ids = [rng.randrange(3, 64) for _ in range(rng.randint(1, 20))]
         tr = generate(tiny_target, "ar", ids, DecodeSettings(max_new_tokens=24))
-        assert tr.output_ids == _hf_greedy(tiny_target, ids, 24)
+        assert tr.output_ids == hf_greedy(tiny_target, ids, 24)
         assert tr.tau == 1.0 and tr.target_forwards == len(tr.output_ids)
 
 
@@ -46,7 +49,7 @@ def test_prefill_computes_only_the_last_rows_logits(tiny_target):
         hook.remove()
     assert seen[0] == (16, 1, 1)                          # prefill: 16 rows, one row of logits
     assert all(k is None and n == w for w, k, n in seen[1:]) and len(seen) == 4
-    assert tr.output_ids == _hf_greedy(tiny_target, list(range(3, 20)), 3)
+    assert tr.output_ids == hf_greedy(tiny_target, list(range(3, 20)), 3)
 
 
 def test_pld_greedy_lossless_on_many_random_prompts(tiny_target):
@@ -82,7 +85,7 @@ def test_tree_verification_equals_verifying_each_branch(tiny_target):
     rng = random.Random(2)
     for trial in range(10):
         ids = [rng.randrange(3, 64) for _ in range(rng.randint(2, 15))]
-        truth = _hf_greedy(tiny_target, ids, 12)
+        truth = hf_greedy(tiny_target, ids, 12)
         k = rng.randint(0, 5)
         branches = [truth[:k] + [rng.randrange(3, 64) for _ in range(3)],
                     [rng.randrange(3, 64) for _ in range(4)],

@@ -1,4 +1,4 @@
-"""AdaPLD's history store (specviz.drafters.history_store): counting, lookup and chains,
+"""AdaPLD's history store (specviz.drafters.lookup.history_store): counting, lookup and chains,
 (de)serialisation with clear errors, the bundled store of the embedded model, and AdaPLD
 drafting from it losslessly when prompt lookup has nothing to copy."""
 import random
@@ -6,10 +6,11 @@ import random
 import numpy as np
 import pytest
 
-from specviz.drafters.history_store import (BUNDLED, BUNDLED_DIR, HistoryStore, build,
-                                            resolve_store)
-from specviz.engine import DecodeSettings, generate
+from specviz.drafters.lookup.history_store import (BUNDLED, BUNDLED_DIR, HistoryStore, build,
+                                                   resolve_store)
+from specviz.engine import DecodeSettings
 from specviz.errors import SettingsError
+from specviz.run import generate
 
 from conftest import make_tiny_target
 
@@ -126,10 +127,10 @@ def test_semantic_and_history_matches_compete_on_their_record_in_the_run(monkeyp
     """Both propose: the source with the better first-token acceptance so far goes first, the
     other becomes an alternative branch (semantic first on a tie: both start from the same
     sceptical prior)."""
-    from specviz.drafters import semantic_lookup as mod
-    from specviz.drafters.adapld import AdaPLDDrafter
-    from specviz.drafters.adapld_control import SourceStats
-    from specviz.drafters.lookup import Candidate
+    from specviz.drafters.adapld.control import SourceStats
+    from specviz.drafters.adapld.drafter import AdaPLDDrafter
+    from specviz.drafters.lookup import semantic as mod
+    from specviz.drafters.lookup.index import Candidate
 
     sem = [Candidate("semantic", [40, 41], (0, 8), 0.95, similarity=0.95)]
     monkeypatch.setattr(mod, "semantic_candidates", lambda *a, **k: list(sem))
@@ -154,7 +155,7 @@ def test_a_longer_store_context_goes_before_a_two_token_match_it_disagrees_with(
     (share 1.0 > the 2-gram's prior a1): the store's chain goes first, the copy becomes an
     alternative. Not when the store's context is no longer than the match, when both agree,
     or with the arbitration off."""
-    from specviz.drafters.adapld import AdaPLDDrafter
+    from specviz.drafters.adapld.drafter import AdaPLDDrafter
 
     tokens = [1, 2, 3, 4, 10, 11, 20, 5, 10, 11]
     d = AdaPLDDrafter(semantic="off", cost="flat")
@@ -177,10 +178,10 @@ def test_sources_not_drafted_are_scored_on_the_committed_tokens_and_compete_on_r
     """Only a 1-token lexical match: semantic, history and the 1-gram copy all propose; the
     best first-token record goes first. The others are scored on what the target wrote (a
     censored prefix counts no failure), so a source that would have been right wins later."""
-    from specviz.drafters import semantic_lookup as mod
-    from specviz.drafters.adapld import AdaPLDDrafter
+    from specviz.drafters.adapld.drafter import AdaPLDDrafter
     from specviz.drafters.base import DraftContext, VerifyFeedback
-    from specviz.drafters.lookup import Candidate
+    from specviz.drafters.lookup import semantic as mod
+    from specviz.drafters.lookup.index import Candidate
     from specviz.trace import Round
 
     sem = [Candidate("semantic", [40, 41], (0, 8), 0.95, similarity=0.95)]
@@ -203,8 +204,8 @@ def test_sources_not_drafted_are_scored_on_the_committed_tokens_and_compete_on_r
     assert d.source_stats("lex1", 4).a1 > d.source_stats("sem", 4).a1
     assert d.source_stats("hist", 4).a1 < 0.25
     # censored: the 1-gram copy's first token was right and the target's text ends there, so
-    # no failure of its continuation is counted (f2 only decays)
-    from specviz.drafters.adapld_control import EMA_DECAY
+    # no failure of its copy is counted (f2 only decays)
+    from specviz.drafters.adapld.control import EMA_DECAY
     lex1 = d.source_stats("lex1", 5)
     f2 = lex1.f2
     d._shadow = [("lex1", [4, 6, 7])]

@@ -13,9 +13,10 @@ from conftest import assert_sampling_lossless, count_forwards, repetitive_prompt
 from specviz.analysis.lossless import compare_outputs
 from specviz.drafters import make_drafter
 from specviz.drafters.base import Draft
-from specviz.drafters.dflash import new_dflash_for_target
+from specviz.drafters.dflash.checkpoint import new_dflash_for_target
 from specviz.drafters.hybrid import HybridDrafter, branches, matched_path, merge, own_round
-from specviz.engine import DecodeSettings, Session, generate
+from specviz.engine import DecodeSettings, Session
+from specviz.run import generate
 from specviz.trace import Round
 from specviz.tree import TokenTree
 
@@ -86,7 +87,7 @@ def test_the_cut_weighs_block_slots_by_what_the_lookup_would_miss():
     """A lookup draft that is surely right makes the block's slots worthless (k = 0); one that
     is surely wrong leaves the cut as without it, only shifted along the cost curve."""
     from specviz.costs import CostModel
-    from specviz.drafters.block_cut import BlockCut, SharedDraft
+    from specviz.drafters.dflash.block_cut import BlockCut, SharedDraft
 
     sloped = CostModel.from_points([(1, 1.0), (2, 1.1), (4, 1.2), (8, 1.4), (16, 1.8)])
     conf = [0.9, 0.8, 0.7, 0.6, 0.3, 0.2, 0.1]

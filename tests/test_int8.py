@@ -1,4 +1,4 @@
-"""int8 drafter weights (specviz.drafters.int8): a faster forward for a CPU drafter that may
+"""int8 drafter weights (specviz.drafters.dflash.int8): a faster forward for a CPU drafter that may
 draft differently but never changes the output, and never touches the float model."""
 import random
 
@@ -7,10 +7,12 @@ import torch
 from torch import nn
 
 from specviz.analysis.lossless import compare_outputs
-from specviz.drafters import int8
-from specviz.drafters.dflash import DFlashDrafter, new_dflash_for_target
-from specviz.engine import DecodeSettings, Session, generate
+from specviz.drafters.dflash import int8
+from specviz.drafters.dflash.checkpoint import new_dflash_for_target
+from specviz.drafters.dflash.drafter import DFlashDrafter
+from specviz.engine import DecodeSettings, Session
 from specviz.errors import SettingsError
+from specviz.run import generate
 
 
 def _quantized(module):

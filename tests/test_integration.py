@@ -1,7 +1,8 @@
 """Integration on the embedded SmolLM2-135M-Instruct: PLD is lossless on real prompts."""
 import pytest
 
-from specviz.engine import DecodeSettings, generate
+from specviz.engine import DecodeSettings
+from specviz.run import generate
 
 from conftest import lossless_on_examples
 

@@ -11,8 +11,10 @@ import torch.nn.functional as F
 
 from specviz import kernels
 from specviz.analysis.lossless import compare_outputs
-from specviz.drafters.dflash import DFlashDrafter, new_dflash_for_target
-from specviz.engine import DecodeSettings, Session, generate
+from specviz.drafters.dflash.checkpoint import new_dflash_for_target
+from specviz.drafters.dflash.drafter import DFlashDrafter
+from specviz.engine import DecodeSettings, Session
+from specviz.run import generate
 
 from conftest import make_tiny_target, repetitive_prompt
 
@@ -170,12 +172,12 @@ def test_a_drafter_on_a_tuned_target_fuses_its_own_siblings_and_drafts_the_same_
     """The DFlash drafter reuses the target's choice per shape / group: one traced block forward
     finds its q/k/v and gate/up (its context path calls k/v alone: they fall back), and its
     block logits equal the untuned drafter's."""
-    from specviz.drafters.dflash_runtime import _block_example
+    from specviz.drafters.dflash.runtime import block_example
 
     target = make_tiny_target(seed=9)
     model = new_dflash_for_target(target, num_layers=2, block_size=6, seed=2)
     twin = copy.deepcopy(model)
-    order, groups = kernels.call_order(model, _block_example(model))
+    order, groups = kernels.call_order(model, block_example(model))
     assert len(groups) == 4                                  # 2 layers x (q/k/v, gate/up)
     all_on = ["1", "2+"]
     target.kernels = kernels.KernelChoice(

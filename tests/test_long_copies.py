@@ -1,16 +1,17 @@
-"""Issue 14: AdaPLD plans with a measured verify-cost model, and long copies grow while a copy
+"""AdaPLD plans with a measured verify-cost model, and long copies grow while a copy
 keeps being accepted and fall back at the first rejection."""
 from __future__ import annotations
 
 import random
 
 from specviz.costs import CostModel
-from specviz.drafters.adapld import AdaPLDDrafter
 from specviz.costs import cost_curve
-from specviz.drafters.adapld_control import SourceStats
-from specviz.engine import DecodeSettings, generate
+from specviz.drafters.adapld.control import SourceStats
+from specviz.drafters.adapld.drafter import AdaPLDDrafter
+from specviz.engine import DecodeSettings
+from specviz.run import generate
 
-from test_adapld import _synthetic_run
+from test_adapld import synthetic_run
 
 
 def _document(n: int = 240, seed: int = 0) -> list[int]:
@@ -34,7 +35,7 @@ def test_long_copies_grow_past_ten_and_fall_back_at_a_rejection():
     prompt += doc[:3]                               # the reply has begun copying
     truth = _editor(len(prompt) - 3, doc, {100: 4})  # one changed token at position 100
     drafter = AdaPLDDrafter(semantic="off")
-    rounds, tokens = _synthetic_run(drafter, prompt, 24, truth)
+    rounds, tokens = synthetic_run(drafter, prompt, 24, truth)
     lens = [len(r.draft) for r in rounds]
     assert max(lens) >= 32, lens                     # 8 -> 16 -> 32 (-> 64) while accepted
     grown = next(i for i, n in enumerate(lens) if n > 10)
@@ -54,7 +55,7 @@ def test_long_copies_grow_past_ten_and_fall_back_at_a_rejection():
 def test_long_copies_off_when_the_longest_copy_is_the_draft_length():
     doc = _document()
     prompt = doc + [7, 7] + doc[:3]
-    rounds, _ = _synthetic_run(AdaPLDDrafter(semantic="off", max_draft=8, max_copy=8), prompt, 12,
+    rounds, _ = synthetic_run(AdaPLDDrafter(semantic="off", max_draft=8, max_copy=8), prompt, 12,
                                _editor(len(prompt) - 3, doc, {}))
     assert max(len(r.draft) for r in rounds) <= 8
 
@@ -77,7 +78,7 @@ def test_a_steeper_cost_curve_gives_shorter_drafts():
         drafter = AdaPLDDrafter(semantic="off", max_copy=8, max_draft=16)
         drafter.begin(None, pattern * 3)
         drafter.cost_model = curve
-        rounds, _ = _synthetic_run(drafter, pattern * 3, 60, noisy, begin=False)
+        rounds, _ = synthetic_run(drafter, pattern * 3, 60, noisy, begin=False)
         lens = [r.extras["draft_len"] for r in rounds if r.draft]
         mean_len[name] = sum(lens) / max(1, len(lens))
     assert mean_len["steep"] < mean_len["flat"], mean_len
@@ -97,32 +98,33 @@ def test_auto_cost_measures_the_loaded_target_and_rounds_refine_it(tiny_target):
 
 
 def test_cost_curve_chart_and_speedup_estimate_read_the_trace():
-    from specviz import viz
     from specviz.trace import Round, Trace
+    from specviz.viz.charts import fig_cost_curve
+    from specviz.viz.stats import speedup_estimate
 
     cm = CostModel.from_points([(1, 1.0), (2, 1.7), (16, 2.5)], step_time=0.05).to_dict()
     rounds = [Round(index=i, start=10 + 3 * i, drafter="adapld", draft=[1, 2], accepted=2,
                     committed=[1, 2, 3], t_draft=0.001, t_verify=0.09, t_forward=0.085)
               for i in range(4)]
     tr = Trace(meta={"cost_model": cm}, prompt_ids=list(range(10)), rounds=rounds)
-    fig = viz.fig_cost_curve(tr)
+    fig = fig_cost_curve(tr)
     assert [d.name for d in fig.data] == ["cost model c(k)", "this run's forwards"]
     assert list(fig.data[1].x) == [3] * 4 and abs(fig.data[1].y[0] - 1.7) < 1e-9
-    est = viz.speedup_estimate(tr)  # no plain round: the model's one-token time is the step
+    est = speedup_estimate(tr)  # no plain round: the model's one-token time is the step
     assert est.step_time == 0.05 and abs(est.value - 3 * 0.05 / 0.091) < 1e-9
     assert "verify-cost model" in est.explain()
-    empty = viz.fig_cost_curve(Trace(meta={}, prompt_ids=[1], rounds=rounds))
+    empty = fig_cost_curve(Trace(meta={}, prompt_ids=[1], rounds=rounds))
     assert "No verify-cost model" in empty.layout.annotations[0].text
 
 
 def test_overlapping_copy_drafts_a_loop_past_the_end_of_the_context():
-    from specviz.drafters.adapld_control import continuation
+    from specviz.drafters.lookup.index import copy_tokens
     loop = [5, 6, 7]
     tokens = [9, 8] + loop * 3
     # a copy from the last period runs into the drafted tokens themselves (LZ77 overlap)
-    assert continuation(tokens, len(tokens) - 3, 10, set()) == (loop * 4)[:10]
-    assert continuation(tokens, len(tokens) - 3, 10, {7}) == [5, 6]      # stops before an EOS
-    assert continuation(tokens, len(tokens), 4, set()) == []              # nothing to copy
+    assert copy_tokens(tokens, len(tokens) - 3, 10, set()) == (loop * 4)[:10]
+    assert copy_tokens(tokens, len(tokens) - 3, 10, {7}) == [5, 6]      # stops before an EOS
+    assert copy_tokens(tokens, len(tokens), 4, set()) == []              # nothing to copy
 
 
 def test_a_text_caught_in_a_loop_is_drafted_at_full_length():
@@ -135,7 +137,7 @@ def test_a_text_caught_in_a_loop_is_drafted_at_full_length():
         k = len(tokens) - len(prompt)
         return [loop[(k + i) % 3] for i in range(70)]
     drafter = AdaPLDDrafter(semantic="off")
-    rounds, tokens = _synthetic_run(drafter, prompt, 12, truth)
+    rounds, tokens = synthetic_run(drafter, prompt, 12, truth)
     lens = [len(r.draft) for r in rounds]
     assert max(lens) > 10, lens
     assert all(r.accepted == len(r.draft) for r in rounds), lens

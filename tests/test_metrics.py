@@ -1,15 +1,16 @@
-"""The one definition of each metric (specviz.analysis.metrics): tau, target forwards, speedup,
+"""The one definition of each metric (specviz.metrics): tau, target forwards, speedup,
 tokens/s and the lossless verdict, and that the bench table, the Compare tables, the CLI summary
 and Trace agree on them (hand-made rounds, no model, milliseconds)."""
 from __future__ import annotations
 
 import pytest
 
-from specviz import viz
-from specviz.analysis import metrics
-from specviz.analysis.lossless import LosslessReport, compare_outputs
+from specviz import metrics
+from specviz.analysis.lossless import LosslessReport, compare_outputs, lossless_verdict
 from specviz.bench import BenchResult, PromptItem, bench_row
 from specviz.trace import Round, Trace
+from specviz.viz.tables import (CompareRun, compare_runs_table, compare_summary_table,
+                                compare_verdict)
 
 
 def _trace(method: str, rounds: list[Round], temperature: float = 0.0) -> Trace:
@@ -75,9 +76,9 @@ def test_bench_compare_and_trace_agree_on_the_same_runs():
                       meta={"settings": {"temperature": 0.0}})
     res.rows[1].identical_to_ar = True
     bench = {(r["method"], r["category"]): r for r in res.table()}["pld", "all"]
-    runs = [viz.CompareRun("p1", "P1", "ar", ar, 2.0), viz.CompareRun("p1", "P1", "pld", pld, 1.6)]
-    per = viz.compare_runs_table(runs).set_index("method").loc["pld"]
-    summ = viz.compare_summary_table(runs).set_index("method").loc["pld"]
+    runs = [CompareRun("p1", "P1", "ar", ar, 2.0), CompareRun("p1", "P1", "pld", pld, 1.6)]
+    per = compare_runs_table(runs).set_index("method").loc["pld"]
+    summ = compare_summary_table(runs).set_index("method").loc["pld"]
     for view in (bench, per, summ):
         assert view["tau"] == pytest.approx(pld.tau) == 3.5
         assert view["target_forwards"] == pld.target_forwards == 2
@@ -87,47 +88,47 @@ def test_bench_compare_and_trace_agree_on_the_same_runs():
 
 
 def test_cli_summary_uses_the_trace_metrics(capsys):
-    from specviz.cli import _print_summary
+    from specviz.cli import print_summary
 
-    _print_summary(cut_trace())
+    print_summary(cut_trace())
     out = capsys.readouterr().out
     assert "tau=3.50" in out and "target forwards=2" in out and "new tokens=7" in out
 
 
 # ---------------------------------------------------------------- lossless verdict
 def test_verdict_identical():
-    v = metrics.lossless_verdict([True, LosslessReport(True), None])
+    v = lossless_verdict([True, LosslessReport(True), None])
     assert (v.compared, v.identical, v.near_ties, v.ok, v.level) == (2, 2, 0, True, "success")
     assert v.count == "2/2" and "lossless" in v.message
 
 
 def test_verdict_different_counts_near_ties():
-    v = metrics.lossless_verdict([True, LosslessReport(False, 4, 2e-4, near_tie=True),
+    v = lossless_verdict([True, LosslessReport(False, 4, 2e-4, near_tie=True),
                                   LosslessReport(False, 2, 0.5), False])
     assert (v.compared, v.identical, v.near_ties, v.different) == (4, 1, 1, 3)
     assert not v.ok and v.level == "warning" and v.count == "1/4"
     assert "3 of 4 run(s) differ" in v.message and "1 of them" in v.message
-    assert metrics.lossless_verdict([LosslessReport(False, 1, 1e-4, near_tie=True)]).ok
+    assert lossless_verdict([LosslessReport(False, 1, 1e-4, near_tie=True)]).ok
 
 
 def test_verdict_sampling_is_not_compared():
-    v = metrics.lossless_verdict([False, True], greedy=False)
+    v = lossless_verdict([False, True], greedy=False)
     assert v.compared == 0 and v.ok is None and v.level == "info" and v.count == ""
     assert "not compared" in v.message
-    empty = metrics.lossless_verdict([])
+    empty = lossless_verdict([])
     assert empty.ok is None and empty.level == "info"
 
 
 def test_compare_and_bench_verdicts():
     ar, pld = ar_trace(OUT), cut_trace()
     other = ar_trace([5, 6, 99, 8, 9, 10, 11])
-    runs = [viz.CompareRun("p1", "P1", "ar", ar, 1.0), viz.CompareRun("p1", "P1", "pld", pld, 1.0),
-            viz.CompareRun("p1", "P1", "x", other, 1.0)]
-    v = viz.compare_verdict(runs)          # no target: divergences are not tie-checked
+    runs = [CompareRun("p1", "P1", "ar", ar, 1.0), CompareRun("p1", "P1", "pld", pld, 1.0),
+            CompareRun("p1", "P1", "x", other, 1.0)]
+    v = compare_verdict(runs)          # no target: divergences are not tie-checked
     assert (v.compared, v.identical, v.near_ties) == (2, 1, 0) and v.level == "warning"
-    samp = [viz.CompareRun("p1", "P1", m, t, 1.0) for m, t in
+    samp = [CompareRun("p1", "P1", m, t, 1.0) for m, t in
             (("ar", ar_trace(OUT, 0.8)), ("pld", ar_trace([1], 0.8)))]
-    assert viz.compare_verdict(samp).level == "info"
+    assert compare_verdict(samp).level == "info"
     rep = compare_outputs(None, [1, 2, 3], ar.output_ids, other.output_ids)
     assert rep.first_divergence == 2 and not rep.identical and not rep.near_tie
     item = PromptItem("p1", "cat", "text")

@@ -8,14 +8,15 @@ import random
 import pytest
 import torch
 
-from specviz.engine import DecodeSettings, Session, generate
+from specviz.engine import DecodeSettings, Session
 from specviz.numerics import (invariant_width, pad_tree_inputs, padded,
                               register_attention, first_branch_only)
+from specviz.run import generate
 from specviz.tree import TokenTree
 from specviz.verify import Verdict
 
 from conftest import make_tiny_target, repetitive_prompt
-from test_engine import FixedTreeDrafter, _hf_greedy
+from test_engine import FixedTreeDrafter, hf_greedy
 
 
 def _logits(model, ids, cache=None, **kw):
@@ -102,7 +103,7 @@ def test_padded_sessions_stay_lossless_and_cut_off_branch_paths(monkeypatch):
         assert generate(target, "ar", p, s).output_ids == truth
         assert generate(target, "pld", p, s).output_ids == truth
 
-        def branches(toks, p=p):  # a wrong first branch, the true continuation second
+        def branches(toks, p=p):  # a wrong first branch, the true reply second
             done = len(toks) - len(p)
             return [[3, 3, 3], truth[done:done + 4]] if done < len(truth) else [[3]]
         sess = Session(target, FixedTreeDrafter(branches), p, s)
@@ -125,11 +126,11 @@ def bf16_target():
 
 
 def test_bfloat16_target_is_width_invariant(bf16_target):
-    from specviz.models import _check_tokens
+    from specviz.models import check_tokens
 
     assert bf16_target.dtype == torch.bfloat16
     assert bf16_target.model.config._attn_implementation == "specviz_invariant"
-    assert invariant_width(bf16_target.model, _check_tokens(bf16_target.tokenizer)) == \
+    assert invariant_width(bf16_target.model, check_tokens(bf16_target.tokenizer)) == \
         bf16_target.min_width
 
 
@@ -153,17 +154,17 @@ def test_tiny_hf_generate_unchanged_by_registration():
     assert t.model.config._attn_implementation != "specviz_invariant"
     ids = [5, 9, 12]
     assert generate(t, "ar", ids, DecodeSettings(max_new_tokens=8)).output_ids == \
-        _hf_greedy(t, ids, 8)
+        hf_greedy(t, ids, 8)
 
 
 def test_auto_choice_returns_a_consistent_model(embedded_target):
     """The measured choice on this CPU: float32 with no padding, or a bfloat16 copy with its
     invariant width, its timings recorded; the float32 weights are untouched."""
-    from specviz.models import _check_tokens
+    from specviz.models import check_tokens
     from specviz.numerics import choose_cpu_numerics
 
     before = embedded_target.model.lm_head.weight.clone()
-    model, info = choose_cpu_numerics(embedded_target.model, _check_tokens(embedded_target.tokenizer))
+    model, info = choose_cpu_numerics(embedded_target.model, check_tokens(embedded_target.tokenizer))
     assert torch.equal(embedded_target.model.lm_head.weight, before)
     assert info.dtype == str(next(model.parameters()).dtype).replace("torch.", "")
     if info.dtype == "bfloat16":

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from specviz.analysis.edr import state_drafts
-from specviz.analysis.offline_eval import (bootstrap_ci, dflash_state_drafts, offline_compare,
-                                           parse_drafters, real_rounds)
+from specviz.analysis.offline_eval import bootstrap_ci, offline_compare, parse_drafters, real_rounds
 from specviz.bench import PromptItem
-from specviz.drafters.dflash import DFlashDrafter, new_dflash_for_target, save_dflash_checkpoint
+from specviz.drafters.dflash.checkpoint import new_dflash_for_target, save_dflash_checkpoint
+from specviz.drafters.dflash.drafter import DFlashDrafter
+from specviz.drafters.dflash.offline import dflash_state_drafts
 from specviz.errors import SettingsError, SpecvizError
 from specviz.train.rollout_store import RolloutSet
 from specviz.train.rollouts import make_rollouts
@@ -69,6 +70,7 @@ def test_eval_cli_on_the_embedded_model(embedded_target, tmp_path, capsys):
     assert rc == 0
     res = json.loads((tmp_path / "e" / "eval.json").read_text())
     assert res["summary"]["all"]["rollouts"] == 4
+    assert res["provenance"]["commit"] and res["provenance"]["cpu_model"]   # where it was made
     for lab in ("pld", "dflash"):
         assert res["real"][lab]["equals_offline"] == 2 == res["real"][lab]["same_text"]
     assert (tmp_path / "e" / "eval.csv").read_text().count("\n") == 5

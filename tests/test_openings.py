@@ -1,5 +1,5 @@
-"""Reply openings (specviz.drafters.openings): the similar-prompt index and its consensus, the
-copy that continues an opening into text the prompt quotes, the store round trip, and AdaPLD's
+"""Reply openings (specviz.drafters.lookup.openings): the similar-prompt index and its consensus,
+the copy that continues an opening into text the prompt quotes, the store round trip, and AdaPLD's
 first round drafting the opening losslessly (tiny target; embedded model on editing prompts)."""
 import random
 from pathlib import Path
@@ -7,10 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specviz.drafters.history_store import BUNDLED, BUNDLED_DIR, HistoryStore, build
-from specviz.drafters.lookup import NgramIndex
-from specviz.drafters.openings import build_openings, with_copy
-from specviz.engine import DecodeSettings, generate
+from specviz.drafters.lookup.history_store import BUNDLED, BUNDLED_DIR, HistoryStore, build
+from specviz.drafters.lookup.index import NgramIndex
+from specviz.drafters.lookup.openings import build_openings, with_copy
+from specviz.engine import DecodeSettings
+from specviz.run import generate
 
 from conftest import make_tiny_target
 

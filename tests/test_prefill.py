@@ -1,5 +1,5 @@
 """Prefill-labelled training data (#10 item 1): exact-prefix labels equal the target's real
-greedy continuation on every labelled slot; store, CLI and training read it."""
+greedy reply on every labelled slot; store, CLI and training read it."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ from specviz.train.rollout_store import RolloutSet
 from conftest import make_tiny_target
 
 
-def greedy_continuation(target, prefix: list[int], n: int) -> list[int]:
+def greedy_tokens(target, prefix: list[int], n: int) -> list[int]:
     out = target.model.generate(torch.tensor([prefix]), max_new_tokens=n, do_sample=False,
                                 min_new_tokens=n, eos_token_id=None, pad_token_id=0)
     return out[0, len(prefix):].tolist()
@@ -30,7 +30,7 @@ def check_labels_against_generate(target, tokens: list[int], start: int, B: int)
     labels, valid = exact_prefix_labels(t, greedy[0].long(), anchors, B)
     n = 0
     for j, a in enumerate(anchors.tolist()):
-        ref = greedy_continuation(target, tokens[:a + 1], B - 1)
+        ref = greedy_tokens(target, tokens[:a + 1], B - 1)
         assert bool(valid[j, 0])  # slot 1 is always exact
         for k in range(B - 1):
             if valid[j, k]:
@@ -46,7 +46,7 @@ def test_exact_prefix_labels_match_greedy_tiny():
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(2, 64, (30,), generator=g).tolist()
     # make part of the text follow the greedy path so that later slots are labelled too
-    tokens = tokens[:12] + greedy_continuation(target, tokens[:12], 10) + tokens[22:]
+    tokens = tokens[:12] + greedy_tokens(target, tokens[:12], 10) + tokens[22:]
     assert check_labels_against_generate(target, tokens, 5, 6) > 30
 
 
@@ -61,7 +61,7 @@ def test_greedy_text_labels_equal_rollout_labels():
     """On a text that IS the greedy path, the exact-prefix labels are all valid and equal the
     rollout labels (the two kinds of data agree)."""
     target = make_tiny_target(seed=5)
-    seq = [3, 9, 4] + greedy_continuation(target, [3, 9, 4], 20)
+    seq = [3, 9, 4] + greedy_tokens(target, [3, 9, 4], 20)
     _, greedy = prefill_batch(target, [seq], [0])
     a = torch.arange(2, len(seq) - 8)
     l1, v1 = exact_prefix_labels(torch.tensor(seq), greedy[0].long(), a, 8)
@@ -78,10 +78,11 @@ def test_reference_reply_formats():
 
 
 def test_prefill_store_and_training(tmp_path):
-    from specviz.train.dflash_train import TrainConfig, train_dflash
-    from specviz.train.train_data import TrainData, reply_vocab
-    from specviz.train.rollouts import make_rollouts
     from specviz.bench import PromptItem
+    from specviz.train.dflash_setup import TrainConfig
+    from specviz.train.dflash_train import train_dflash
+    from specviz.train.rollouts import make_rollouts
+    from specviz.train.train_data import TrainData, reply_vocab
 
     target = make_tiny_target(seed=1)
     pairs = [TextPair(f"f:{i}", "c", f"t{i} t{i + 3}", " ".join(f"t{(i * 7 + j) % 60 + 2}"
@@ -150,8 +151,8 @@ def test_retap_greedy_rollouts_at_other_layers(tmp_path):
 
 
 def test_prefill_errors(tmp_path):
-    from specviz.errors import SpecvizError
     from specviz.cli import main
+    from specviz.errors import SpecvizError
 
     with pytest.raises(SpecvizError, match="does not exist"):
         load_pairs(str(tmp_path / "nope.jsonl"))
@@ -175,10 +176,11 @@ def test_exact_prefix_labels_match_greedy_embedded(embedded_target):
 
 
 def test_training_continues_from_a_checkpoint(tmp_path):
-    from specviz.drafters.dflash import (load_dflash_checkpoint, new_dflash_for_target,
-                                         save_dflash_checkpoint)
+    from specviz.drafters.dflash.checkpoint import (load_dflash_checkpoint, new_dflash_for_target,
+                                                    save_dflash_checkpoint)
     from specviz.errors import SpecvizError
-    from specviz.train.dflash_train import TrainConfig, train_dflash
+    from specviz.train.dflash_setup import TrainConfig
+    from specviz.train.dflash_train import train_dflash
 
     target = make_tiny_target(seed=1)
     pairs = [TextPair(f"f:{i}", "c", f"t{i} t{i + 3}", " ".join(f"t{(i * 7 + j) % 60 + 2}"
@@ -202,7 +204,7 @@ def test_training_continues_from_a_checkpoint(tmp_path):
     # the continued drafter keeps its earlier draft words and adds the new data's
     assert {1, 5, 63} <= set(got.draft_vocab.tolist()) and got.draft_vocab.numel() > 3
     # ... and keeps them across --resume, also from a training state saved without them
-    # (before the fix a resumed continued run saved only the new data's words)
+    # (a resumed continued run must not save only the new data's words)
     for drop in (False, True):
         state = torch.load(tmp_path / "d" / "train_state.pt", weights_only=False)
         assert {1, 5, 63} <= set(state["draft_vocab"].tolist())

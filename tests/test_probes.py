@@ -1,6 +1,6 @@
 """The shared pause-and-probe schedule of AdaPLD's sources and DFlash's forward gate."""
-from specviz.drafters.adapld_control import SourceStats
-from specviz.drafters.block_cut import ForwardGate
+from specviz.drafters.adapld.control import SourceStats
+from specviz.drafters.dflash.block_cut import ForwardGate
 from specviz.drafters.probes import Paused
 
 

@@ -1,4 +1,4 @@
-"""The method registry (issue 9, item 3): one entry per method feeds make_drafter, the CLI's
+"""The method registry: one entry per method feeds make_drafter, the CLI's
 --method/--param, the bench's fail-fast check, the app sidebar and the README's methods table."""
 from __future__ import annotations
 
@@ -14,14 +14,18 @@ import pytest
 from specviz import appstate
 from specviz.bench import check_methods
 from specviz.cli import parse_params
-from specviz.drafters import (METHODS, Draft, Drafter, MethodSpec, ParamSpec, make_drafter,
-                              method_spec, methods_of, register)
-from specviz.drafters.adapld import AdaPLDDrafter
-from specviz.drafters.dflash import new_dflash_for_target, save_dflash_checkpoint
+from specviz.drafters import METHODS, make_drafter, method_spec, methods_of, register
+from specviz.drafters.adapld.drafter import AdaPLDDrafter
+from specviz.drafters.base import Draft
+from specviz.drafters.base import Drafter
+from specviz.drafters.dflash.checkpoint import new_dflash_for_target, save_dflash_checkpoint
 from specviz.drafters.docs import methods_markdown, methods_text, readme_section, with_section
+from specviz.drafters.registry import ParamSpec
+from specviz.drafters.registry import MethodSpec
 from specviz.drafters.registry import KINDS
-from specviz.engine import DecodeSettings, generate
+from specviz.engine import DecodeSettings
 from specviz.errors import SettingsError
+from specviz.run import generate
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL_PARAMS = [(m, p) for m, s in METHODS.items() for p in s.params]
@@ -36,8 +40,8 @@ def dflash_checkpoint(tmp_path_factory, tiny_target):
 
 def retrace_checkpoint(dflash_checkpoint: str) -> str:
     """A ReTrace fusion for the tiny target, on the tiny DFlash checkpoint."""
-    from specviz.drafters.dflash import load_dflash_checkpoint
-    from specviz.drafters.retrace import ReTraceFusion, fusion_config, save_retrace
+    from specviz.drafters.dflash.checkpoint import load_dflash_checkpoint
+    from specviz.drafters.dflash.retrace import ReTraceFusion, fusion_config, save_retrace
 
     model = load_dflash_checkpoint(dflash_checkpoint)
     fusion = ReTraceFusion(model.hidden_size)

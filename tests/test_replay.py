@@ -11,9 +11,11 @@ import torch
 
 from specviz.analysis.replay import Rollout, greedy_against, replay
 from specviz.drafters import make_drafter
-from specviz.drafters.dflash import DFlashDrafter, new_dflash_for_target
-from specviz.engine import DecodeSettings, Session, generate
+from specviz.drafters.dflash.checkpoint import new_dflash_for_target
+from specviz.drafters.dflash.drafter import DFlashDrafter
+from specviz.engine import DecodeSettings, Session
 from specviz.errors import SpecvizError
+from specviz.run import generate
 from specviz.tree import TokenTree
 
 from conftest import ar_reply, example_prompts, repetitive_prompt
@@ -92,7 +94,7 @@ def dflash_cases(target, seed: int, n: int, max_new_tokens: int):
         yield model, rollout_of(target, repetitive_prompt(rng, 64, 30), max_new_tokens, layers)
 
 
-def test_greedy_against_a_known_continuation():
+def test_greedy_against_a_known_reply():
     tree = TokenTree([5, 6, 7, 9], [-1, 0, 1, 0])
     v = greedy_against(tree, [5, 9, 4])
     assert v.path == [0, 3] and v.token == 4

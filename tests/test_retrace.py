@@ -1,5 +1,5 @@
-"""ReTrace (METHODS §2) on tiny random targets: an untrained or gate-off ReTrace drafts exactly
-what its DFlash backbone drafts, round for round; a trained-looking (random) fusion changes
+"""ReTrace (docs/methods/retrace.md) on tiny random targets: an untrained or gate-off ReTrace drafts
+exactly what its DFlash backbone drafts, round for round; a trained-looking (random) fusion changes
 drafts but never the output (greedy and sampled); no extra forward; bad checkpoints named."""
 import json
 import random
@@ -9,12 +9,14 @@ import torch
 
 from specviz.analysis.lossless import compare_outputs
 from specviz.drafters import make_drafter
-from specviz.drafters.dflash import DFlashDrafter, new_dflash_for_target
-from specviz.drafters.retrace import (ReTraceDrafter, ReTraceFusion, align, build_memory,
-                                      fusion_config, load_retrace, save_retrace)
-from specviz.engine import DecodeSettings, Session, generate
+from specviz.drafters.dflash.checkpoint import new_dflash_for_target
+from specviz.drafters.dflash.drafter import DFlashDrafter
+from specviz.drafters.dflash.retrace import (ReTraceDrafter, ReTraceFusion, align, build_memory,
+                                             fusion_config, load_retrace, save_retrace)
+from specviz.engine import DecodeSettings, Session
 from specviz.errors import SettingsError
 from specviz.models import ModelLoadError
+from specviz.run import generate
 
 from conftest import assert_same_law, first_two_token_counts, sampling_pair
 
@@ -121,7 +123,7 @@ def test_sampling_keeps_target_distribution():
 def test_checkpoint_round_trip_and_bad_input(tmp_path, tiny_target):
     H = tiny_target.model.config.hidden_size
     model = new_dflash_for_target(tiny_target, num_layers=1, block_size=4, seed=0)
-    from specviz.drafters.dflash import save_dflash_checkpoint
+    from specviz.drafters.dflash.checkpoint import save_dflash_checkpoint
 
     save_dflash_checkpoint(model, tmp_path / "bb")
     f = random_fusion(H, 1)
@@ -149,8 +151,8 @@ def test_checkpoint_round_trip_and_bad_input(tmp_path, tiny_target):
 def test_simulated_round_memory_equals_the_engine(tiny_target):
     """The training simulation's round-r memory (draft, acceptance, the target's verify argmax
     at every rejected position, the drafter states) equals what the live engine builds."""
-    from specviz.train.rollouts import generate_batch
     from specviz.train.retrace_train import round_examples
+    from specviz.train.rollouts import generate_batch
 
     rng = random.Random(2)
     checked = 0
@@ -180,7 +182,7 @@ def test_simulated_round_memory_equals_the_engine(tiny_target):
 def tiny_retrace_setup(tmp_path, target, n: int = 10, stride: int = 5):
     """Tiny greedy rollouts (``tmp_path/ro``) and a random backbone saved in ``tmp_path/bb``."""
     from specviz.bench import PromptItem
-    from specviz.drafters.dflash import save_dflash_checkpoint
+    from specviz.drafters.dflash.checkpoint import save_dflash_checkpoint
     from specviz.train.rollouts import make_rollouts
 
     items = [PromptItem(f"p{i}", "c", " ".join(f"t{(i * stride + j) % 60 + 2}" for j in range(6)),
@@ -230,7 +232,7 @@ def test_training_runs_resumes_and_loads(tmp_path, tiny_target):
 def test_joint_training_moves_the_backbone_and_saves_it_inside(tmp_path, tiny_target):
     import json
 
-    from specviz.drafters.dflash import load_dflash_checkpoint
+    from specviz.drafters.dflash.checkpoint import load_dflash_checkpoint
     from specviz.train.retrace_train import ReTraceTrainConfig, train_retrace
 
     model = tiny_retrace_setup(tmp_path, tiny_target, n=8, stride=7)
@@ -261,8 +263,9 @@ def test_joint_training_moves_the_backbone_and_saves_it_inside(tmp_path, tiny_ta
 
 # ----------------------------------------------------------------------------- the bundled one
 def test_bundled_retrace_is_for_the_bundled_backbone(tiny_target):
-    from specviz.drafters.dflash import BUNDLED as DF_BUNDLED, BUNDLED_DIR, load_dflash_checkpoint
-    from specviz.drafters.retrace import BUNDLED, check_backbone
+    from specviz.drafters.dflash.checkpoint import (BUNDLED as DF_BUNDLED, BUNDLED_DIR,
+                                                    load_dflash_checkpoint)
+    from specviz.drafters.dflash.retrace import BUNDLED, check_backbone
 
     folder = BUNDLED_DIR / BUNDLED["SmolLM2-135M-Instruct"]
     assert (folder / "model.safetensors").stat().st_size < 30 * 2 ** 20

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from specviz.analysis.suffix_bound import suffix_bound
 from specviz.trace import Round, Trace
 from specviz.viz import retrace as vr
 
@@ -72,7 +73,7 @@ def test_tables_and_figures():
                             committed=[22, 23])
     assert vr.first_divergence(tr, other) == 1 and vr.first_divergence(tr, tr) is None
     assert len(vr.side_by_side(tr, other)) == 3 and len(vr.fig_progress(tr, other).data) == 2
-    b = vr.suffix_bound([tr])   # rounds 1 and 2 carry a suffix; 41 and 42 are nowhere in them
+    b = suffix_bound([tr])   # rounds 1 and 2 carry a suffix; 41 and 42 are nowhere in them
     assert (b.carried, b.best, b.tau, b.tau_bound) == (2, 0, 2.0, 2.0)
     assert list(vr.fig_suffix_bound(b).data[0].x) == ["-1", "+0", "+1", "+2", "best per round"]
     # offsets and slots are categories (left to plotly, "+0" / "1" read as numbers: a one-slot

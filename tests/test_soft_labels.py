@@ -66,7 +66,8 @@ def test_slot_rows_and_soft_ce():
 
 
 def test_training_with_soft_labels(tmp_path):
-    from specviz.train.dflash_train import TrainConfig, train_dflash
+    from specviz.train.dflash_setup import TrainConfig
+    from specviz.train.dflash_train import train_dflash
 
     target = make_tiny_target(seed=1)
     ro = _rollouts(tmp_path, target, n=6, name="ro", holdout=0.3)

@@ -1,4 +1,4 @@
-"""The forward gate's state probe (specviz.drafters.state_probe, specviz.train.gate_probe):
+"""The forward gate's state probe (specviz.drafters.dflash.state_probe, specviz.train.gate_probe):
 a ridge read-out of the target's tapped state that predicts the drafter's accepted length."""
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import torch
 
 from specviz.analysis.lossless import compare_outputs
 from specviz.costs import CostModel
-from specviz.drafters.dflash import DFlashDrafter, new_dflash_for_target
-from specviz.drafters.state_probe import (PROBE_NAME, StateProbe, checkpoint_sha256,
-                                          fit_state_probe, load_state_probe, save_state_probe,
-                                          skips)
-from specviz.engine import DecodeSettings, Session, generate
+from specviz.drafters.dflash.checkpoint import new_dflash_for_target
+from specviz.drafters.dflash.drafter import DFlashDrafter
+from specviz.drafters.dflash.state_probe import (PROBE_NAME, StateProbe, checkpoint_sha256,
+                                                 fit_state_probe, load_state_probe,
+                                                 save_state_probe, skips)
+from specviz.engine import DecodeSettings, Session
 from specviz.models import ModelLoadError
+from specviz.run import generate
 
 from conftest import counted_lossless_run, make_tiny_rollouts, repetitive_prompt
 
@@ -74,7 +76,7 @@ def _constant_probe(drafter, value):
 def test_dflash_with_a_probe_skips_forwards_and_stays_lossless(tiny_target, monkeypatch, value):
     """A probe predicting nothing skips every forward (all plain steps, counted); one predicting
     a lot never skips, so the run equals the run without a probe round for round."""
-    import specviz.drafters.dflash as dflash_mod
+    import specviz.drafters.dflash.drafter as dflash_mod
     # a long step: the drafter's measured forward is ~0 steps, so every choice is timing-free
     flat = CostModel.from_points([(1, 1.0), (2, 1.05), (4, 1.1), (8, 1.2)], 100.0)
     monkeypatch.setattr(dflash_mod, "cost_curve", lambda *a, **k: flat)
@@ -91,7 +93,7 @@ def test_dflash_with_a_probe_skips_forwards_and_stays_lossless(tiny_target, monk
         assert len(judged) >= len(tr.rounds) - 2   # (the last rounds: no budget left)
         assert not forwards and all(v["skip"] and not r.draft for v, r in zip(verdicts, judged))
         assert all(r.extras["cut"]["paused"] for r in judged)
-        from specviz.viz import gate_rounds            # the decode page says why
+        from specviz.viz.charts import gate_rounds            # the decode page says why
         from specviz.viz.extras import describe_extras
         assert set(gate_rounds(tr)["kind"]) == {"skipped (state probe)"}
         assert "state probe" in describe_extras(judged[0])
@@ -161,7 +163,7 @@ def test_cli_gate_probe_bad_input_is_one_clear_line(tmp_path, capsys):
 def test_measured_gate_cost_charges_the_rounds_own_times(tiny_target, monkeypatch):
     """gate_cost="measured": the gate is told (t_draft + t_forward) / step of each drafted
     round; "model" leaves it to the curve (measured is the default). Lossless either way."""
-    from specviz.drafters.block_cut import BlockCut
+    from specviz.drafters.dflash.block_cut import BlockCut
 
     ids = repetitive_prompt(random.Random(9), 64, 30)
     s = DecodeSettings(max_new_tokens=24)
@@ -191,7 +193,7 @@ def test_measured_gate_cost_charges_the_rounds_own_times(tiny_target, monkeypatc
 def test_the_bundled_probe_belongs_to_the_bundled_drafter():
     """Fitted by `train gate-probe` for the bundled weights (SHA-256 checked); the checkpoint
     loader does not take it for drafter weights."""
-    from specviz.drafters.dflash import BUNDLED, BUNDLED_DIR, load_dflash_checkpoint
+    from specviz.drafters.dflash.checkpoint import BUNDLED, BUNDLED_DIR, load_dflash_checkpoint
 
     folder = BUNDLED_DIR / BUNDLED["SmolLM2-135M-Instruct"]
     model = load_dflash_checkpoint(folder)

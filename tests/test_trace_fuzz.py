@@ -25,9 +25,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specviz import appstate, viz
+from specviz import appstate
 from specviz.errors import TraceError
 from specviz.trace import Trace
+from specviz.viz.stats import trace_prefix
+from specviz.viz.tables import position_table, rounds_table, to_csv_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 SEEDS = sorted((ROOT / "tests" / "data" / "traces").glob("*.json"))
@@ -56,24 +58,26 @@ def render_everywhere(trace: Trace) -> None:
     """What the pages do with a loaded trace: the explorer (tokens, metrics, rounds, charts,
     downloads), the first round alone (the scrubber), the AdaPLD and ReTrace views, the CLI."""
     from pages import ui
+    from specviz.analysis.suffix_bound import suffix_bound
     from specviz.cli import render_terminal
     from specviz.viz import adapld as va
     from specviz.viz import retrace as vr
+    from specviz.viz.adapld_context import context_spans_html
 
     ui.trace_view(trace, prefix="fz", downloads=True)
     if len(trace.rounds) > 1:
-        ui.trace_view(viz.trace_prefix(trace, 1), prefix="fz1", downloads=False)
+        ui.trace_view(trace_prefix(trace, 1), prefix="fz1", downloads=False)
     trace.to_json()
-    viz.to_csv_bytes(viz.rounds_table(trace))
-    viz.to_csv_bytes(viz.position_table(trace))
+    to_csv_bytes(rounds_table(trace))
+    to_csv_bytes(position_table(trace))
     render_terminal(trace, color=True)
     if trace.rounds:
         i = va.default_round(trace)
         va.chains_only(trace), va.round_summary_html(trace, i), va.matches_table(trace, i)
-        va.context_spans_html(trace, i, collapse=12), va.branch_tree_figure(trace, i)
+        context_spans_html(trace, i, collapse=12), va.branch_tree_figure(trace, i)
         va.retrieval_counts(trace), va.fig_retrieval(trace, i), va.retrieval_table(trace)
         vr.no_memory_note(trace), vr.no_pairs_note(trace), vr.slot_table([trace])
-        vr.fig_match_heatmap([trace]), vr.fig_suffix_bound(vr.suffix_bound([trace]))
+        vr.fig_match_heatmap([trace]), vr.fig_suffix_bound(suffix_bound([trace]))
         if vr.has_retrace(trace):
             vr.fig_gates(trace), vr.gate_forced_off(trace), vr.fusion_inert(trace)
         for r in trace.rounds:

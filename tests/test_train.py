@@ -1,6 +1,7 @@
-"""Rollouts + DFlash training (METHODS §1) on tiny random targets: batched greedy rollouts equal
-per-prompt decoding and store exactly the tapped hidden states; runs resume; training lowers the
-loss, writes the published layout, and the simulated tau equals a real greedy Session's tau."""
+"""Rollouts + DFlash training (docs/methods/dflash.md) on tiny random targets: batched greedy
+rollouts equal per-prompt decoding and store exactly the tapped hidden states; runs resume; training
+lowers the loss, writes the published layout, and the simulated tau equals a real greedy Session's
+tau."""
 import json
 import random
 
@@ -10,15 +11,16 @@ import torch
 from specviz.bench import PromptItem
 from specviz.cli import main
 from specviz.drafters import make_drafter
-from specviz.drafters.dflash import load_dflash_checkpoint, new_dflash_for_target
-from specviz.engine import DecodeSettings, Session, generate
-from specviz.train.block_forward import (anchor_logits, block_embeddings, forward_blocks,
-                                         sequence_context)
-from specviz.train.dflash_train import (TrainConfig, sequence_loss, slot_weights, step_vocab,
-                                        train_dflash)
-from specviz.train.simulated_tau import simulated_tau, simulated_tau_one
+from specviz.drafters.dflash.checkpoint import load_dflash_checkpoint, new_dflash_for_target
+from specviz.drafters.dflash.offline import (anchor_logits, block_embeddings, forward_blocks,
+                                             sequence_context)
+from specviz.engine import DecodeSettings, Session
+from specviz.run import generate
+from specviz.train.dflash_setup import TrainConfig
+from specviz.train.dflash_train import sequence_loss, slot_weights, step_vocab, train_dflash
 from specviz.train.rollout_store import RolloutSet, read_manifest
 from specviz.train.rollouts import generate_batch, make_rollouts, split_of
+from specviz.train.simulated_tau import simulated_tau, simulated_tau_one
 
 from conftest import make_tiny_target
 
@@ -141,7 +143,7 @@ def test_training_lowers_loss_saves_layout_and_tau_matches_session(tmp_path, tar
 
 
 def test_init_from_target_copies_top_layers(target):
-    from specviz.drafters.dflash import init_from_target
+    from specviz.drafters.dflash.checkpoint import init_from_target
 
     m = new_dflash_for_target(target, num_layers=2, block_size=4, target_layer_ids=[0, 2], seed=1)
     init_from_target(m, target)

@@ -5,8 +5,17 @@ import re
 
 import pytest
 
-from specviz import viz
 from specviz.trace import Round, Trace
+from specviz.viz.charts import (confidence_calibration, fig_accepted_hist, fig_compare,
+                                fig_confidence_calibration, fig_position_acceptance,
+                                fig_round_lengths, fig_slot_confidence, has_confidence,
+                                slot_confidences)
+from specviz.viz.extras import describe_extras
+from specviz.viz.stats import (accepted_lengths, live_metrics, position_acceptance,
+                               speedup_estimate, trace_prefix)
+from specviz.viz.tables import (CompareRun, compare_runs_table, compare_summary_table,
+                                position_table, rounds_table, to_csv_bytes)
+from specviz.viz.tokens import legend_html, token_views, tokens_html, visible_text
 
 TEXTS = {i: f" w{i}" for i in range(100)}
 TEXTS.update({7: "<b>&", 8: "\n", 9: "", 99: "<|im_end|>"})
@@ -50,12 +59,12 @@ def trace() -> Trace:
 # ---------------------------------------------------------------- stats
 def test_round_kinds_and_lengths(trace):
     assert [r.kind for r in trace.rounds] == ["correction", "nodraft", "bonus", "bonus"]
-    assert viz.accepted_lengths(trace) == [1, 0, 2, 2]
+    assert accepted_lengths(trace) == [1, 0, 2, 2]
     assert [r.draft_depth for r in trace.rounds] == [3, 0, 2, 2]
 
 
 def test_position_acceptance_is_conditional_on_reaching(trace):
-    stats = viz.position_acceptance(trace)
+    stats = position_acceptance(trace)
     assert [(s.position, s.reached, s.accepted) for s in stats] == [(1, 3, 3), (2, 3, 2), (3, 0, 0)]
     assert stats[0].rate == 1.0
     assert stats[1].rate == pytest.approx(2 / 3)
@@ -63,19 +72,19 @@ def test_position_acceptance_is_conditional_on_reaching(trace):
 
 
 def test_position_acceptance_empty_trace(trace):
-    assert viz.position_acceptance(viz.trace_prefix(trace, 0)) == []
+    assert position_acceptance(trace_prefix(trace, 0)) == []
 
 
 def test_trace_prefix(trace):
-    p = viz.trace_prefix(trace, 2)
+    p = trace_prefix(trace, 2)
     assert p.num_rounds == 2 and trace.num_rounds == 4
     assert p.output_ids == [10, 20, 21]
-    assert viz.trace_prefix(trace, None) is trace
-    assert viz.trace_prefix(trace, 99) is trace
+    assert trace_prefix(trace, None) is trace
+    assert trace_prefix(trace, 99) is trace
 
 
 def test_live_metrics(trace):
-    m = viz.live_metrics(trace)
+    m = live_metrics(trace)
     assert m["rounds"] == m["target_forwards"] == 4
     assert m["new_tokens"] == 9
     assert m["tau"] == pytest.approx(9 / 4)
@@ -84,7 +93,7 @@ def test_live_metrics(trace):
 
 
 def test_speedup_estimate_uses_plain_rounds(trace):
-    est = viz.speedup_estimate(trace)
+    est = speedup_estimate(trace)
     # plain step: the no-draft round, 11 ms; median round time of [21, 11, 20, 23] ms = 20.5 ms
     assert est.step_time == pytest.approx(0.011)
     assert est.round_time == pytest.approx(0.0205)
@@ -93,16 +102,16 @@ def test_speedup_estimate_uses_plain_rounds(trace):
 
 
 def test_speedup_estimate_without_plain_rounds(trace):
-    t = viz.trace_prefix(trace, 1)
-    est = viz.speedup_estimate(t)
+    t = trace_prefix(trace, 1)
+    est = speedup_estimate(t)
     # 2 tokens per round; step time = verify time (20 ms), round time 21 ms
     assert est.value == pytest.approx(2 * 0.020 / 0.021)
-    assert viz.speedup_estimate(viz.trace_prefix(trace, 0)).value is None
+    assert speedup_estimate(trace_prefix(trace, 0)).value is None
 
 
 # ---------------------------------------------------------------- tokens
 def test_token_views_order_kinds_positions(trace):
-    v = viz.token_views(trace)
+    v = token_views(trace)
     kinds = [x.kind for x in v]
     assert kinds == ["accepted", "rejected", "rejected", "correction",   # round 1
                      "nodraft",                                          # round 2
@@ -123,17 +132,17 @@ def test_token_views_order_kinds_positions(trace):
 
 
 def test_token_views_rejected_modes(trace):
-    assert sum(x.kind == "rejected" for x in viz.token_views(trace, "none")) == 0
-    sel = viz.token_views(trace, "selected", selected_round=0)
+    assert sum(x.kind == "rejected" for x in token_views(trace, "none")) == 0
+    sel = token_views(trace, "selected", selected_round=0)
     assert [x.token_id for x in sel if x.kind == "rejected"] == [11, 12]
     assert all(x.selected for x in sel if x.round == 0)
     assert not any(x.selected for x in sel if x.round != 0)
     with pytest.raises(ValueError):
-        viz.token_views(trace, "sometimes")
+        token_views(trace, "sometimes")
 
 
 def test_tokens_html_classes_and_titles(trace):
-    h = viz.tokens_html(trace)
+    h = tokens_html(trace)
     assert h.count('class="tok accepted') == 5
     assert h.count('class="tok rejected') == 3
     assert h.count('class="tok bonus') == 4
@@ -146,27 +155,27 @@ def test_tokens_html_classes_and_titles(trace):
     assert any("Round 1 · position 6" in t and "rejected draft token" in t
                and "target prob p: 0.100" in t for t in titles)
     assert any("drafter prob q: 0.600" in t for t in titles)  # round 3 has drafter probs
-    assert viz.tokens_html(trace, include_css=False).startswith('<div class="specviz-tokens">')
+    assert tokens_html(trace, include_css=False).startswith('<div class="specviz-tokens">')
 
 
 def test_tokens_html_escapes_and_shows_whitespace():
     t = make_trace()
     t.rounds[1].committed = [7]
     t.rounds[2].committed = [30, 31, 8]
-    h = viz.tokens_html(t, include_css=False)
+    h = tokens_html(t, include_css=False)
     assert "<b>&" not in h and "&lt;b&gt;&amp;" in h
     assert "↵</span><br>" in h
-    assert viz.visible_text("") == "∅"
-    assert viz.visible_text("a\tb") == "a⇥b"
+    assert visible_text("") == "∅"
+    assert visible_text("a\tb") == "a⇥b"
 
 
 def test_tokens_html_empty_trace(trace):
-    h = viz.tokens_html(viz.trace_prefix(trace, 0))
+    h = tokens_html(trace_prefix(trace, 0))
     assert "Next round" in h and 'class="tok' not in h.split("</style>")[1]
 
 
 def test_legend_explains_every_kind():
-    h = viz.legend_html()
+    h = legend_html()
     for cls in ("tok accepted", "tok bonus t-correction", "tok bonus t-bonus",
                 "tok bonus t-nodraft", "tok rejected first", "tok rejected unjudged"):
         assert f'class="{cls}"' in h
@@ -175,14 +184,14 @@ def test_legend_explains_every_kind():
 
 def test_uploaded_trace_renders_like_the_live_one(trace):
     back = Trace.from_json(trace.to_json())
-    assert viz.tokens_html(back) == viz.tokens_html(trace)
-    assert viz.rounds_table(back).equals(viz.rounds_table(trace))
-    assert viz.live_metrics(back) == viz.live_metrics(trace)
+    assert tokens_html(back) == tokens_html(trace)
+    assert rounds_table(back).equals(rounds_table(trace))
+    assert live_metrics(back) == live_metrics(trace)
 
 
 # ---------------------------------------------------------------- tables
 def test_rounds_table(trace):
-    df = viz.rounds_table(trace)
+    df = rounds_table(trace)
     assert list(df["round"]) == [1, 2, 3, 4]
     assert list(df["accepted"]) == [1, 0, 2, 2]
     assert list(df["drafted"]) == [3, 0, 2, 3]
@@ -196,20 +205,20 @@ def test_rounds_table(trace):
     assert df.loc[0, "drafter_info"] == "2-token match at positions 1–3, copied 3–6"
     assert df.loc[1, "drafter_info"] == "no n-gram match"
     assert df.loc[0, "output_pos"] == 1 and df.loc[1, "output_pos"] == 3
-    csv = viz.to_csv_bytes(df).decode()
+    csv = to_csv_bytes(df).decode()
     assert csv.splitlines()[0].startswith("round,output_pos,drafted,accepted")
     assert len(csv.strip().splitlines()) == 5
 
 
 def test_position_table(trace):
-    df = viz.position_table(trace)
+    df = position_table(trace)
     assert list(df["reached"]) == [3, 3, 0]
 
 
 def test_describe_extras_generic():
     r = Round(index=0, start=0, drafter="x", draft=[], accepted=0, committed=[1],
               extras={"gate": [0.1, 0.2]})
-    assert viz.describe_extras(r) == "gate: [0.1, 0.2]"
+    assert describe_extras(r) == "gate: [0.1, 0.2]"
 
 
 def _run(prompt, method, out_ids, wall, temperature=0.0):
@@ -220,36 +229,36 @@ def _run(prompt, method, out_ids, wall, temperature=0.0):
                         accepted=len(out_ids) - 1, committed=list(out_ids))]
     tr = Trace(meta={"method": method, "settings": {"temperature": temperature}},
                prompt_ids=[1, 2, 3], rounds=rounds, token_texts=dict(TEXTS))
-    return viz.CompareRun(prompt, prompt.upper(), method, tr, wall)
+    return CompareRun(prompt, prompt.upper(), method, tr, wall)
 
 
 def test_compare_tables():
     runs = [_run("p1", "ar", [5, 6, 7, 8], 2.0), _run("p1", "pld", [5, 6, 7, 8], 1.0),
             _run("p2", "ar", [5, 6], 1.0), _run("p2", "pld", [5, 9], 1.0)]
-    per = viz.compare_runs_table(runs)
+    per = compare_runs_table(runs)
     assert list(per["speedup_vs_ar"]) == [1.0, 2.0, 1.0, 1.0]
     assert list(per["identical_to_ar"]) == [True, True, True, False]
     assert list(per["target_forwards"]) == [4, 1, 2, 1]
-    s = viz.compare_summary_table(runs).set_index("method")
+    s = compare_summary_table(runs).set_index("method")
     assert s.loc["pld", "speedup_vs_ar"] == pytest.approx(1.5)
     assert s.loc["pld", "tau"] == pytest.approx(3.0)  # (4 + 2) tokens over 2 rounds
     assert s.loc["ar", "tau"] == 1.0
     assert not s.loc["pld", "identical_to_ar"] and s.loc["ar", "identical_to_ar"]
-    fig = viz.fig_compare(s.reset_index())
+    fig = fig_compare(s.reset_index())
     assert len(fig.data) == 2
 
 
 def test_compare_tables_sampling_skips_identity():
     runs = [_run("p1", "ar", [5, 6], 1.0, 0.8), _run("p1", "pld", [5, 7], 0.5, 0.8)]
-    per = viz.compare_runs_table(runs)
+    per = compare_runs_table(runs)
     assert per["identical_to_ar"].isna().all()
-    assert viz.compare_summary_table(runs)["identical_to_ar"].isna().all()
-    assert viz.compare_summary_table([]).empty
+    assert compare_summary_table(runs)["identical_to_ar"].isna().all()
+    assert compare_summary_table([]).empty
 
 
 # ---------------------------------------------------------------- figures
 def test_figures(trace):
-    f = viz.fig_round_lengths(trace, selected_round=1)
+    f = fig_round_lengths(trace, selected_round=1)
     assert [d.name for d in f.data] == ["accepted", "target: correction", "target: bonus",
                                         "target: no draft", "rejected"]
     assert list(f.data[0].y) == [1, 0, 2, 2]
@@ -257,13 +266,13 @@ def test_figures(trace):
     assert list(f.data[2].y) == [0, 0, 1, 1]
     assert list(f.data[3].y) == [0, 1, 0, 0]
     assert list(f.data[4].y) == [2, 0, 0, 1]
-    p = viz.fig_position_acceptance(trace)
+    p = fig_position_acceptance(trace)
     assert list(p.data[0].x) == [1, 2, 3]
     assert list(p.data[0].y)[:2] == [1.0, pytest.approx(2 / 3)]
-    h = viz.fig_accepted_hist(trace)
+    h = fig_accepted_hist(trace)
     assert list(h.data[0].x) == [0, 1, 2] and list(h.data[0].y) == [1, 1, 2]
-    empty = viz.trace_prefix(trace, 0)
-    for fn in (viz.fig_round_lengths, viz.fig_position_acceptance, viz.fig_accepted_hist):
+    empty = trace_prefix(trace, 0)
+    for fn in (fig_round_lengths, fig_position_acceptance, fig_accepted_hist):
         fn(empty).to_json()  # empty traces still give a (blank) figure
 
 
@@ -286,9 +295,9 @@ def _dflash_trace() -> Trace:
 
 def test_slot_confidence_chart_and_calibration(trace):
     t = _dflash_trace()
-    assert viz.has_confidence(t) and not viz.has_confidence(trace)
-    assert viz.slot_confidences(t.rounds[0]) == [0.95, 0.7, 0.85, 0.2]
-    f = viz.fig_slot_confidence(t, 0)
+    assert has_confidence(t) and not has_confidence(trace)
+    assert slot_confidences(t.rounds[0]) == [0.95, 0.7, 0.85, 0.2]
+    f = fig_slot_confidence(t, 0)
     by = {d.name: d for d in f.data}
     assert list(by["accepted"].x) == [1, 2] and list(by["accepted"].y) == [0.95, 0.7]
     assert list(by["first rejected"].x) == [3] and list(by["first rejected"].y) == [0.85]
@@ -296,26 +305,26 @@ def test_slot_confidence_chart_and_calibration(trace):
     assert list(by["target p(draft token)"].y) == [0.9, 0.8, 0.05, 0.3]
     assert "Round 1" in f.layout.title.text
     # judged tokens: round 0 slots 1-3 (slot 3 the first rejected), round 1 both slots
-    cal = viz.confidence_calibration(t, bins=5).set_index("bin")
+    cal = confidence_calibration(t, bins=5).set_index("bin")
     assert cal["judged"].sum() == 5 and cal["accepted"].sum() == 4
     assert cal.loc["0.8–1.0", "judged"] == 3 and cal.loc["0.8–1.0", "accepted"] == 2
     assert cal.loc["0.0–0.2", "acceptance"] == 1.0
-    g = viz.fig_confidence_calibration(t)
+    g = fig_confidence_calibration(t)
     assert g.data[0].name == "observed" and len(g.data[0].x) == 3
     # rounds / traces without confidence still give a (blank) figure
-    viz.fig_slot_confidence(t, 2).to_json()
-    viz.fig_confidence_calibration(trace).to_json()
-    viz.fig_slot_confidence(trace, 0).to_json()
+    fig_slot_confidence(t, 2).to_json()
+    fig_confidence_calibration(trace).to_json()
+    fig_slot_confidence(trace, 0).to_json()
 
 
 def test_the_first_mismatch_is_marked_apart_with_the_targets_choice(trace):
-    rej = [v for v in viz.token_views(trace) if v.kind == "rejected"]
+    rej = [v for v in token_views(trace) if v.kind == "rejected"]
     # round 1: 11 was judged and rejected (the target wanted 20), 12 was never judged;
     # round 4 (tree): node 1 is a root child beside the accepted node 0 -> judged, rejected
     assert [(v.token_id, v.status) for v in rej] == [(11, "first_rejected"), (12, "not_reached"),
                                                      (41, "rejected")]
     assert rej[0].target_argmax == 20 and rej[0].target_argmax_p == 0.6
-    h = viz.tokens_html(trace)
+    h = tokens_html(trace)
     # the target's choice sits under the first rejected token, in one box that reserves its
     # width (a label wider than its token never runs under the next one)
     first = re.search(r'<span class="rj"><span class="tok rejected first"[^>]*>([^<]*)</span>'
@@ -331,17 +340,17 @@ def test_round_extras_read_as_words_with_nothing_raw():
         return Round(index=0, start=0, drafter="x", draft=list(draft), accepted=1,
                      committed=[5, 7], extras=ex)
 
-    ada = viz.describe_extras(rnd({"retrieval": "none", "source": None, "alt_gain": 0.227412,
+    ada = describe_extras(rnd({"retrieval": "none", "source": None, "alt_gain": 0.227412,
                                    "alpha": None}))
     assert ada == "no match in the context"
-    off = viz.describe_extras(rnd({"retrieval": "off", "source": "lex2"}))
+    off = describe_extras(rnd({"retrieval": "off", "source": "lex2"}))
     assert "paused" in off
-    cut = viz.describe_extras(rnd({"block_size": 8, "confidence": [0.912345, 0.5],
+    cut = describe_extras(rnd({"block_size": 8, "confidence": [0.912345, 0.5],
                                    "cut": {"kept": 2, "block": 7}}))
     assert cut.startswith("block of 8 slots; verified 2 of 7")
-    whole = viz.describe_extras(rnd({"block_size": 8, "confidence": [0.9, 0.5]}))
+    whole = describe_extras(rnd({"block_size": 8, "confidence": [0.9, 0.5]}))
     assert whole == "block of 8 slots; drafter confidence 70% on average"
-    odd = viz.describe_extras(rnd({"gate": [0.123456789, None], "flag": True}))
+    odd = describe_extras(rnd({"gate": [0.123456789, None], "flag": True}))
     assert odd == "gate: [0.123, —]; flag: yes"
     for text in (ada, off, cut, whole, odd):
         assert "null" not in text and "None" not in text and "{" not in text

@@ -1,13 +1,17 @@
-"""The teaching views of issue 13 on hand-made traces (no model, milliseconds): the prompt as
+"""The teaching views on hand-made traces (no model, milliseconds): the prompt as
 the model saw it (template vs user text, what a lookup copied), the per-round top-k table, the
 queue wait named apart from compute, and the speedup estimate saying it is one."""
 from __future__ import annotations
 
 import pytest
 
-from specviz import viz
 from specviz.errors import TraceError
 from specviz.trace import Round, Trace
+from specviz.viz.prompt import (copied_from_prompt, copy_sources, prompt_html, prompt_tokens,
+                                user_span)
+from specviz.viz.rounds import round_summary_html, round_time_text
+from specviz.viz.stats import live_metrics, speedup_estimate
+from specviz.viz.tables import rounds_table, topk_table, topk_text
 from tests.test_viz import make_trace
 
 SYSTEM = ["<|im_start|>", "system", "\n", "You", " are", " a", " helpful", " AI", " assistant",
@@ -31,10 +35,10 @@ def chat_trace(pieces=None, prompt: str | None = "Hello helpful AI") -> Trace:
 def test_user_text_is_found_inside_the_template():
     t = chat_trace()
     a = len(SYSTEM) + 3
-    assert viz.prompt.user_span(t.prompt_ids, t.token_texts, "Hello helpful AI") == (a, a + 3)
-    parts = [p.part for p in viz.prompt_tokens(t)]
+    assert user_span(t.prompt_ids, t.token_texts, "Hello helpful AI") == (a, a + 3)
+    parts = [p.part for p in prompt_tokens(t)]
     assert parts == ["template"] * a + ["user"] * 3 + ["template"] * 5
-    h = viz.prompt_html(t)
+    h = prompt_html(t)
     assert h.count('class="ptok template"') == a + 5 and h.count('class="ptok user"') == 3
     assert "added by the chat template" in h and "&lt;|im_start|&gt;" in h
     assert "<|im_start|>" not in h.split("</style>")[1]   # escaped
@@ -44,16 +48,16 @@ def test_user_text_is_found_inside_the_template():
 def test_user_text_matching_survives_decoding_quirks():
     # " helpful AI" also occurs in the system prompt: the user's copy is the last one
     t = chat_trace(prompt=" helpful AI ")
-    assert viz.prompt.user_span(t.prompt_ids, t.token_texts, " helpful AI ") == (15, 17)
+    assert user_span(t.prompt_ids, t.token_texts, " helpful AI ") == (15, 17)
     # a tokenizer that drops a word's leading space, and "é" split into two byte tokens
     pieces = ["<s>", "[INST]", "Caf", "\ufffd", "\ufffd", "au", "lait", "[/INST]"]
     t = chat_trace(pieces, prompt="Café au lait")
-    assert viz.prompt.user_span(t.prompt_ids, t.token_texts, "Café au lait") == (2, 7)
+    assert user_span(t.prompt_ids, t.token_texts, "Café au lait") == (2, 7)
     # not found / no text: nothing is marked as template
-    assert viz.prompt.user_span(t.prompt_ids, t.token_texts, "something else") is None
+    assert user_span(t.prompt_ids, t.token_texts, "something else") is None
     t = chat_trace(prompt=None)
-    assert {p.part for p in viz.prompt_tokens(t)} == {"unknown"}
-    assert "exact tokens the model read" in viz.prompt_html(t)
+    assert {p.part for p in prompt_tokens(t)} == {"unknown"}
+    assert "exact tokens the model read" in prompt_html(t)
 
 
 def test_lookup_match_points_into_the_prompt():
@@ -61,22 +65,22 @@ def test_lookup_match_points_into_the_prompt():
     # round 1 (PLD) matched positions 4-5 and copied 6-9, but drafted only 3 tokens
     t.rounds[0].extras = {"match": {"kind": "lexical", "ngram": 2, "span": [4, 6],
                                     "copy_from": [6, 10]}}
-    assert viz.copy_sources(t.rounds[0]) == [((4, 6), (6, 9))]
-    toks = viz.prompt_tokens(t, selected_round=0)
+    assert copy_sources(t.rounds[0]) == [((4, 6), (6, 9))]
+    toks = prompt_tokens(t, selected_round=0)
     assert [p.position for p in toks if p.source == "match"] == [4, 5]
     assert [p.position for p in toks if p.source == "copied"] == [6, 7, 8]
-    assert viz.copied_from_prompt(t, 0) and not viz.copied_from_prompt(t, 1)
-    h = viz.prompt_html(t, 0)
+    assert copied_from_prompt(t, 0) and not copied_from_prompt(t, 1)
+    h = prompt_html(t, 0)
     assert 'class="ptok template copied"' in h and "round 1's lookup matched" in h
-    assert "lookup matched" not in viz.prompt_html(t)        # no round selected
+    assert "lookup matched" not in prompt_html(t)        # no round selected
     # AdaPLD: only matches that became a branch count; garbage is skipped, not raised
     r = t.rounds[2]
     r.extras = {"retrieval": "lexical", "matches": [
         {"span": [0, 2], "copy_from": [2, 4], "branch": 0},
         {"span": [5, 6], "copy_from": [6, 8], "branch": None},
         {"span": "x", "copy_from": [1, 2], "branch": 1}]}
-    assert viz.copy_sources(r) == [((0, 2), (2, 4))]
-    assert viz.copy_sources(t.rounds[1]) == []               # no draft
+    assert copy_sources(r) == [((0, 2), (2, 4))]
+    assert copy_sources(t.rounds[1]) == []               # no draft
 
 
 # ---------------------------------------------------------------- top-k at each judged slot
@@ -88,36 +92,36 @@ def test_topk_table_judged_slots_drafter_and_target():
     r.extras = {"block_size": 4, "confidence": [0.8, 0.7, 0.6], "topk": [[10, 3], [11, 4],
                                                                          [12, 6]],
                 "topk_p": [[0.8, 0.1], [0.7, 0.2], [0.6, 0.004]]}
-    df = viz.topk_table(t, 0)
+    df = topk_table(t, 0)
     assert list(df["slot"]) == [1, 2]                        # slot 3 was never judged
     assert list(df["drafted"]) == [" w10", " w11"]
     assert df.loc[1, "verdict"] == "rejected: the target disagreed"
     assert df.loc[1, "p_target"] == "10%"
     assert df.loc[0, "drafter_topk"] == "“ w10” 80% · “ w3” 10%"
     assert df.loc[1, "target_topk"] == "“ w20” 60% · “ w11” 10%"
-    assert viz.topk_text([12, 6], [0.6, 0.004], t.token_texts) == "“ w12” 60% · “ w6” <1%"
+    assert topk_text([12, 6], [0.6, 0.004], t.token_texts) == "“ w12” 60% · “ w6” <1%"
     # a lookup draft has no drafter top-k; an old trace without target_topk falls back to top-1
     r.extras, r.target_topk, r.target_topk_prob = {"match": None}, [], []
-    df = viz.topk_table(t, 0)
+    df = topk_table(t, 0)
     assert set(df["drafter_topk"]) == {"—"} and df.loc[1, "target_topk"] == "“ w20” 60%"
 
 
 def test_topk_table_bonus_nodraft_tree_and_bounds():
     t = make_trace()
-    nd = viz.topk_table(t, 1)
+    nd = topk_table(t, 1)
     assert list(nd["verdict"]) == ["no draft: the target's own token"]
     assert nd.loc[0, "target_topk"] == "“ w21” 80%"
-    bonus = viz.topk_table(t, 2)
+    bonus = topk_table(t, 2)
     assert list(bonus["slot"]) == [1, 2, 3] and bonus.loc[2, "drafted"] == "—"
     assert bonus.loc[2, "verdict"].startswith("bonus")
-    tree = viz.topk_table(t, 3)   # nodes 0 (depth 1), 1 (depth 1, rejected sibling), 2 (depth 2)
+    tree = topk_table(t, 3)   # nodes 0 (depth 1), 1 (depth 1, rejected sibling), 2 (depth 2)
     assert list(tree["slot"]) == [1, 1, 2, 3]
     assert tree.loc[1, "verdict"] == "rejected (another branch was accepted)"
     assert tree.loc[1, "target_topk"] == "“ w40” 60%"        # row 0: the root's prediction
     for i in range(4):
-        shown = viz.topk_table(t, i).astype(str).to_string()
+        shown = topk_table(t, i).astype(str).to_string()
         assert "None" not in shown and "nan" not in shown
-    assert viz.topk_table(t, 9).empty and list(viz.topk_table(t, -1).columns)[0] == "slot"
+    assert topk_table(t, 9).empty and list(topk_table(t, -1).columns)[0] == "slot"
 
 
 def test_new_round_fields_roundtrip_and_old_traces_load():
@@ -132,7 +136,7 @@ def test_new_round_fields_roundtrip_and_old_traces_load():
             r.pop(k)
     old = Trace.from_dict(d)
     assert old.rounds[0].target_topk == [] and old.rounds[0].t_wait == 0.0
-    assert not viz.topk_table(old, 0).empty
+    assert not topk_table(old, 0).empty
     d["rounds"][0]["target_topk"] = [["a"]]
     with pytest.raises(TraceError, match="target_topk"):
         Trace.from_dict(d)
@@ -141,24 +145,24 @@ def test_new_round_fields_roundtrip_and_old_traces_load():
 # ---------------------------------------------------------------- timings say what they measure
 def test_queue_wait_is_named_apart_from_compute():
     t = make_trace()
-    assert viz.round_time_text(t.rounds[0]) == "21 ms"
+    assert round_time_text(t.rounds[0]) == "21 ms"
     t.rounds[0].t_wait = 0.002                               # noise: not worth a word
-    assert viz.round_time_text(t.rounds[0]) == "21 ms"
+    assert round_time_text(t.rounds[0]) == "21 ms"
     t.rounds[0].t_verify, t.rounds[0].t_wait = 1.718, 1.7
-    s = viz.round_summary_html(t, 0)
+    s = round_summary_html(t, 0)
     assert "19 ms compute + 1,700 ms waiting for another tab&#x27;s turn" in s
-    df = viz.rounds_table(t)
+    df = rounds_table(t)
     assert list(df["t_wait_ms"]) == [1700.0, 0.0, 0.0, 0.0]
-    assert viz.live_metrics(t)["wait_time"] == pytest.approx(1.7)
+    assert live_metrics(t)["wait_time"] == pytest.approx(1.7)
 
 
 def test_speedup_estimate_excludes_waits_and_says_it_is_an_estimate():
     t = make_trace()
-    before = viz.speedup_estimate(t).value
+    before = speedup_estimate(t).value
     for r in t.rounds:          # every round also waited 100 ms for another tab
         r.t_verify += 0.1
         r.t_wait = 0.1
-    est = viz.speedup_estimate(t)
+    est = speedup_estimate(t)
     assert est.value == pytest.approx(before)
     text = est.explain()
     assert "estimate, not a measurement" in text and "Compare page" in text
@@ -180,4 +184,4 @@ def test_engine_records_target_topk_and_queue_wait(tiny_target):
         assert all(a >= b for row in r.target_topk_prob for a, b in zip(row, row[1:]))
         assert 0.0 <= r.t_wait <= r.t_verify
     assert {t for r in tr.rounds for row in r.target_topk for t in row} <= set(tr.token_texts)
-    assert not viz.topk_table(tr, 0).empty
+    assert not topk_table(tr, 0).empty

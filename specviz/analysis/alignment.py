@@ -1,5 +1,5 @@
-"""Rejected-suffix alignment (METHODS §2, ReTrace's probe): what were the tokens a round
-rejected worth?
+"""Rejected-suffix alignment (docs/methods/retrace.md, ReTrace's probe): what were the tokens a
+round rejected worth?
 
 For every chain round with a rejected suffix, each rejected draft token (slot s, predicted
 absolute position P = round start + s - 1) is compared with the token finally committed at

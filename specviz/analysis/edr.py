@@ -1,10 +1,10 @@
-"""Speculative decoding as a Markov reward process (METHODS §4, EDR): exact expected decoding
-rounds on a fixed target rollout, state occupancies and values.
+"""Speculative decoding as a Markov reward process (docs/methods/edr.md, EDR): exact expected
+decoding rounds on a fixed target rollout, state occupancies and values.
 
-Along a rollout y[0..L-1] (the target's continuation after the prompt), a *state* n is the
+Along a rollout y[0..L-1] (the target's reply after the prompt), a *state* n is the
 number of tokens generated so far. From state n the drafter proposes up to K tokens; slot t
 (1-based) drafts y[n + t - 1] and is accepted with probability a[n, t] (greedy: draft == y,
-so 0 or 1; sampled: min(1, q(y)/p(y)) -- see METHODS §4), given every earlier slot was. The
+so 0 or 1; sampled: min(1, q(y)/p(y)) -- see docs/methods/edr.md), given every earlier slot was. The
 round commits the j accepted tokens and one target token, so it moves to state n + j + 1;
 the engine never drafts past the budget, so a[n, t] = 0 for t > L - n - 1.
 
@@ -90,7 +90,7 @@ class MRPResult:
     """The Markov reward process of one drafter on one rollout."""
 
     edr: float                     # expected decoding rounds = V[0] = sum(d)
-    #                                (METHODS §4 counts states 1..L and writes (L+1)/EDR for the
+    #                                (the EDR paper counts states 1..L and writes (L+1)/EDR for the
     #                                mean accepted length; here states are 0..L-1 and it is L/EDR)
     tokens: int                    # L, the rollout's generated tokens
     occupancy: torch.Tensor        # d[n]
@@ -110,11 +110,11 @@ def evaluate(a: torch.Tensor) -> MRPResult:
     return MRPResult(float(V[0]), int(a.shape[-2]), d, V, position_acceptance(a, d))
 
 
-def greedy_acceptance(drafts: Sequence[Sequence[int]], continuation: Sequence[int],
+def greedy_acceptance(drafts: Sequence[Sequence[int]], reply: Sequence[int],
                       K: int | None = None) -> torch.Tensor:
     """a[n, t] = 1 when the draft proposed at state n has y[n + t - 1] in slot t (greedy
     verification of a deterministic drafter), else 0. ``drafts[n]``: the draft at state n."""
-    y = [int(x) for x in continuation]
+    y = [int(x) for x in reply]
     L = len(y)
     K = K or max((len(dr) for dr in drafts), default=1) or 1
     a = torch.zeros(L, K, dtype=torch.float64)
@@ -126,7 +126,7 @@ def greedy_acceptance(drafts: Sequence[Sequence[int]], continuation: Sequence[in
 
 
 def sampled_acceptance(q_of_y: torch.Tensor, p_of_y: torch.Tensor) -> torch.Tensor:
-    """Sampled verification (METHODS §4): a[n, t] = min(1, q(y_t) / p(y_t)), with q the
+    """Sampled verification (docs/methods/edr.md): a[n, t] = min(1, q(y_t) / p(y_t)), with q the
     drafter's and p the target's probability of the rollout's token y_t at that slot."""
     return torch.minimum(torch.ones_like(q_of_y), q_of_y / p_of_y.clamp_min(1e-12))
 

@@ -1,5 +1,5 @@
-"""Offline comparison of drafters on the SAME cached target rollouts (METHODS §4, EDR): expected
-decoding rounds and mean accepted length per category, paired differences with bootstrap
+"""Offline comparison of drafters on the SAME cached target rollouts (docs/methods/edr.md, EDR):
+expected decoding rounds and mean accepted length per category, paired differences with bootstrap
 confidence intervals -- no speculative decoding, no target forward.
 
 Per rollout and drafter: the draft at every state n (:func:`state_drafts`; for DFlash all states
@@ -26,6 +26,7 @@ from typing import Callable
 
 import torch
 
+from ..drafters.dflash.offline import dflash_state_drafts, sampled_state_acceptance
 from ..errors import SettingsError, SpecvizError
 from .edr import evaluate, greedy_acceptance, state_drafts
 
@@ -70,35 +71,6 @@ def parse_drafters(spec: str) -> list[DrafterSpec]:
 
 
 # --------------------------------------------------------------------------- drafts per state
-@torch.no_grad()
-def dflash_state_drafts(model, target, tokens: torch.Tensor, hidden: torch.Tensor,
-                        prompt_len: int, block_size: int | None = None,
-                        chunk: int = 96) -> list[list[int]]:
-    """DFlash's greedy draft at every state n of a rollout in batched forwards: the block of
-    state n is anchored at prompt_len-1+n and sees the context < that anchor (as the live
-    drafter with ``cut="off"`` does); drafts are clipped to the budget L-n-1."""
-    from ..train.block_forward import block_embeddings, forward_blocks, sequence_context
-
-    T, P = int(tokens.shape[0]), int(prompt_len)
-    L = T - P
-    B = model.block_size
-    k = (block_size or B) - 1
-    head = target.model.get_output_embeddings()
-    ctx_kv = sequence_context(model, hidden, T - 1)
-    out: list[list[int]] = []
-    for s in range(0, L, chunk):
-        anchors = torch.arange(P - 1 + s, P - 1 + min(L, s + chunk))
-        h = forward_blocks(model, block_embeddings(model, target, tokens[anchors], B), anchors,
-                           ctx_kv)[:, 1:1 + k]
-        # DSpark's Markov head is teacher-forced: slot j's previous token is the rollout's
-        # (exact for greedy acceptance, see specviz.drafters.dspark); plain DFlash ignores it
-        prev = tokens[(anchors.view(-1, 1) + torch.arange(k).view(1, -1)).clamp(max=T - 1)]
-        top = model.slot_argmax(h, head, prev=prev).tolist()
-        for j, n in enumerate(range(s, min(L, s + chunk))):
-            out.append([int(t) for t in top[j][:max(0, min(k, L - n - 1))]])
-    return out
-
-
 def check_rollouts(target, rollout_set, drafters: dict) -> None:
     """One clear error when the rollouts were made by another target or tapped other layers
     than a hidden-state drafter reads."""
@@ -117,21 +89,6 @@ def check_rollouts(target, rollout_set, drafters: dict) -> None:
             raise SpecvizError(f"{label} reads target layers {list(ids)} but the rollouts stored "
                                f"layers {meta.get('target_layer_ids')}: make rollouts with "
                                f"--layers {','.join(map(str, ids))}")
-
-
-@torch.no_grad()
-def sampled_state_acceptance(model, target, tokens: torch.Tensor, hidden: torch.Tensor,
-                             prompt_len: int, p_reply: torch.Tensor, temperature: float,
-                             block_size: int | None = None) -> torch.Tensor:
-    """Sampled acceptance a [L, k] of a DFlash / DSpark drafter drafting at ``temperature`` on
-    a sampled rollout (its per-token target probabilities ``p_reply``), all states batched."""
-    from ..train.block_forward import sequence_context
-    from ..train.edr_train import all_state_acceptance
-
-    a = all_state_acceptance(model, target, tokens, sequence_context(model, hidden,
-                                                                     int(tokens.shape[0])),
-                             prompt_len, p_reply, temperature)
-    return a[:, :(block_size or model.block_size) - 1]
 
 
 def acceptance_for(spec: DrafterSpec, drafter, target, rollout_set, i: int) -> torch.Tensor:

@@ -1,7 +1,7 @@
-"""Offline replay: a drafter against a fixed target continuation (METHODS §0, §4 "offline").
+"""Offline replay: a drafter against a fixed target reply (docs/methods/edr.md).
 
 Under greedy verification a round's outcome depends only on the draft and on the target's
-greedy continuation y of the committed prefix, so a cached rollout (prompt + y, plus the
+greedy reply y to the committed prefix, so a cached rollout (prompt + y, plus the
 target's tapped hidden states at every position for hidden-state drafters) replaces the target:
 the accepted path is the longest branch that agrees with y, the target's token is the next y,
 and the features the verify pass would have handed the drafter are the rollout's rows. No target
@@ -32,7 +32,7 @@ UNKNOWN = -1
 
 @dataclass
 class Rollout:
-    """A fixed target continuation: ``tokens`` = prompt + the target's greedy reply;
+    """A fixed target reply: ``tokens`` = prompt + the target's greedy reply;
     ``features`` [T, k*H] the target's tapped hidden states at every position (HF
     ``hidden_states`` indices ``layers``), needed only by hidden-state drafters."""
 
@@ -55,20 +55,20 @@ class Rollout:
         return tuple(out)
 
 
-def greedy_against(tree: TokenTree, continuation: Sequence[int]) -> Verdict:
-    """Greedy verification against a known continuation (y[n], y[n+1], ...): follow the child
+def greedy_against(tree: TokenTree, reply: Sequence[int]) -> Verdict:
+    """Greedy verification against a known reply (y[n], y[n+1], ...): follow the child
     that equals the next token while one does."""
     children = tree.children_map()
     path: list[int] = []
     cur = -1
-    while len(path) < len(continuation) - 1:
-        want = int(continuation[len(path)])
+    while len(path) < len(reply) - 1:
+        want = int(reply[len(path)])
         nxt = next((c for c in children.get(cur, []) if tree.tokens[c] == want), None)
         if nxt is None:
             break
         path.append(nxt)
         cur = nxt
-    return Verdict(path, int(continuation[len(path)]))
+    return Verdict(path, int(reply[len(path)]))
 
 
 def _check_layers(drafter: Drafter, rollout: Rollout) -> None:

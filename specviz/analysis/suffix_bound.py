@@ -1,5 +1,4 @@
-"""What a rejected suffix could add at most (METHODS §2, ReTrace; issue 11's "alignment numbers
-that explain it").
+"""What a rejected suffix could add at most (docs/methods/retrace.md, ReTrace).
 
 ReTrace carries round r's rejected suffix into round r+1. Whatever the fusion learns, the
 *tokens* of that suffix can help round r+1 only where the final text holds them where round

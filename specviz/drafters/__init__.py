@@ -1,26 +1,25 @@
-"""Drafting strategies behind one interface (see :mod:`specviz.drafters.base`)."""
+"""The method registry: every decoding method by name, its drafter class and its settings.
+
+A method is a drafter behind the one interface of :mod:`specviz.drafters.base` plus its
+:class:`~specviz.drafters.registry.MethodSpec` (label, description, typed settings), declared
+as ``SPECS`` next to the drafter class. The methods: plain decoding (AR), prompt lookup
+(:mod:`.pld`), AdaPLD (:mod:`.adapld`, on the lookup pieces of :mod:`.lookup`), DFlash and its
+variants DSpark and ReTrace (:mod:`.dflash`) and DFlash + AdaPLD (:mod:`.hybrid`).
+"""
 from __future__ import annotations
 
-from . import adapld, dflash, dspark, hybrid, pld, retrace
-from .adapld import AdaPLDDrafter
-from .base import ARDrafter, Draft, DraftContext, Drafter, VerifyFeedback
-from .dflash import DFlashDrafter
-from .dspark import DSparkDrafter
-from .hybrid import HybridDrafter
-from .pld import PLDDrafter
-from .retrace import ReTraceDrafter
-from .registry import MethodSpec, ParamSpec, lookup, registry
+from . import adapld, dflash, hybrid, pld
+from .base import ARDrafter, Drafter
+from .registry import MethodSpec, lookup, registry
 
 #: The one registry: every method in the order the CLI, the app and the docs list it. A drafter
 #: module declares its ``SPECS`` (:class:`MethodSpec`, with its :class:`ParamSpec` settings)
-#: next to its class; adding a method is one entry here.
+#: next to its class, a method package exports them; adding a method is one entry here.
 METHODS: dict[str, MethodSpec] = registry(
     MethodSpec("ar", ARDrafter, "AR", "Plain autoregressive decoding (no draft; the baseline)"),
     *pld.SPECS,
-    *adapld.SPECS,
-    *dflash.SPECS,
-    *dspark.SPECS,
-    *retrace.SPECS,
+    *adapld.SPECS,      # AdaPLD and its ablations
+    *dflash.SPECS,      # DFlash, DSpark, ReTrace
     *hybrid.SPECS,
 )
 
@@ -47,6 +46,4 @@ def methods_of(factory) -> tuple[str, ...]:
     return tuple(name for name, spec in METHODS.items() if spec.factory is factory)
 
 
-__all__ = ["ARDrafter", "Draft", "DraftContext", "Drafter", "VerifyFeedback", "PLDDrafter",
-           "AdaPLDDrafter", "DFlashDrafter", "DSparkDrafter", "ReTraceDrafter", "HybridDrafter", "METHODS", "MethodSpec", "ParamSpec", "make_drafter",
-           "method_spec", "methods_of", "register"]
+__all__ = ["METHODS", "make_drafter", "method_spec", "methods_of", "register"]

@@ -1,4 +1,4 @@
-"""The drafter interface every strategy plugs into (speculative decoding §0, step 1).
+"""The drafter interface every strategy plugs into (speculative decoding, step 1).
 
 Shaped like transformers' ``CandidateGenerator``: ``propose`` returns candidate tokens (a chain,
 or a tree given by parent indices) and ``observe`` receives the verified round, including the

@@ -1,5 +1,5 @@
-"""DFlash + lookup: a learned block and prompt lookup verified as one token tree (beyond the
-papers; METHODS §1 + §3, in the spirit of multi-draft / tree speculation).
+"""DFlash + lookup: a learned block and prompt lookup verified as one token tree (beyond the papers;
+docs/methods/dflash.md, docs/methods/adapld.md, in the spirit of multi-draft / tree speculation).
 
 The two kinds of drafter fail in different places. Prompt lookup (PLD, AdaPLD) is right where the
 reply copies its context -- translation keeps names and numbers, summaries and RAG answers quote
@@ -12,16 +12,16 @@ Each round:
 
 1. the lookup drafter proposes (its own cost-aware length, branches, pauses);
 2. the DFlash drafter proposes unless its forward gate pauses it; its cost-aware cut is told the
-   lookup's draft (:class:`~.block_cut.SharedDraft`: its node count w and its estimated survival
-   s_j, AdaPLD's a1, a2 for the round's source) and keeps the k slots maximising
-   (1 + E[max]) / (c(w + k + 1) + d), P(max >= j) = s_j + b_j (1 - s_j) -- block nodes are
-   worth little where lookup is likely right anyway, and on a CPU every verified node costs
-   (the verify forward grows by a few % of a step per token, :mod:`specviz.costs`);
+   lookup's draft (:class:`~.dflash.block_cut.SharedDraft`: its node count w and its estimated
+   survival s_j, AdaPLD's a1, a2 for the round's source) and keeps the k slots maximising (1 +
+   E[max]) / (c(w + k + 1) + d), P(max >= j) = s_j + b_j (1 - s_j) -- block nodes are worth little
+   where lookup is likely right anyway, and on a CPU every verified node costs (the verify forward
+   grows by a few % of a step per token, :mod:`specviz.costs`);
 3. the block's draft -- a chain, or by default a tree of its slots' top words
-   (:mod:`.block_tree`, sized by the same cut: a node at depth j adds P(node) (1 - s_j)) -- and
-   the lookup's branches are merged into one trie, the block first (its nodes keep their
-   numbers 0..k-1, so its per-node extras index the merged draft); one target forward verifies
-   it (the engine's tree mask); the longest accepted path wins.
+   (:mod:`.dflash.block_tree`, sized by the same cut: a node at depth j adds P(node) (1 - s_j)) --
+   and the lookup's branches are merged into one trie, the block first (its nodes keep their numbers
+   0..k-1, so its per-node extras index the merged draft); one target forward verifies it (the
+   engine's tree mask); the longest accepted path wins.
 
 Each drafter then learns from the round as its OWN draft would have fared
 (:func:`own_round`: under greedy verification exact -- its draft against the committed tokens;
@@ -45,11 +45,11 @@ from typing import Any
 
 from ..trace import Round
 from ..tree import TokenTree
-from .adapld import AdaPLDDrafter
+from .adapld.drafter import AdaPLDDrafter
 from .base import Draft, DraftContext, Drafter, VerifyFeedback, clip_draft
-from .block_cut import SharedDraft
-from .dflash import PARAMS as DFLASH_PARAMS
-from .dflash import DFlashDrafter
+from .dflash.block_cut import SharedDraft
+from .dflash.drafter import DFlashDrafter
+from .dflash.params import PARAMS as DFLASH_PARAMS
 from .pld import PLDDrafter
 from .registry import MethodSpec, ParamSpec, params_by_name
 

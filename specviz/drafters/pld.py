@@ -3,7 +3,7 @@
 Match the last n tokens (n from ``max_matching_ngram_size`` down to 1) anywhere in
 prompt + output, and copy the ``num_output_tokens`` tokens that followed the FIRST (oldest)
 match; no match means no draft (a plain decoding step). Draft tokens after an EOS are dropped.
-This is the training-free baseline that AdaPLD (METHODS §3) improves on.
+This is the training-free baseline that AdaPLD (docs/methods/adapld.md) improves on.
 """
 from __future__ import annotations
 

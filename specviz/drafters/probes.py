@@ -1,9 +1,9 @@
-"""Pausing a draft source that does not pay, with exponential back-off probes (issues 10, 14).
+"""Pausing a draft source that does not pay, with exponential back-off probes.
 
-AdaPLD's retrieval sources (:class:`~specviz.drafters.adapld_control.SourceStats`) and a block
-drafter's forward gate (:class:`~specviz.drafters.block_cut.ForwardGate`) both switch a source
-off while its rounds commit fewer tokens than they cost, and try it again later: the first probe
-``gaps[0]`` rounds after the pause, each failed probe doubling the wait up to ``gaps[1]``, a
+AdaPLD's retrieval sources (:class:`~specviz.drafters.adapld.control.SourceStats`) and a block
+drafter's forward gate (:class:`~specviz.drafters.dflash.block_cut.ForwardGate`) both switch a
+source off while its rounds commit fewer tokens than they cost, and try it again later: the first
+probe ``gaps[0]`` rounds after the pause, each failed probe doubling the wait up to ``gaps[1]``, a
 probe that pays switching it back on. This is that schedule, once.
 """
 from __future__ import annotations

@@ -1,27 +1,69 @@
-"""The set-up of a DFlash training run (:func:`specviz.train.dflash_train.train_dflash`).
+"""The settings and set-up of a DFlash training run (:func:`.dflash_train.train_dflash`).
 
-Its data (the rollouts' meta, training sequences and eval split, checked against the target),
-its drafter (fresh -- random, from the target's top layers or continued from a checkpoint -- or
-resumed from ``train_state.pt``), the drafter's draft vocabulary and the optimizer.
+Its settings (:class:`TrainConfig`), its data (the rollouts' meta, training sequences and eval
+split, checked against the target), its drafter (fresh -- random, from the target's top layers or
+continued from a checkpoint -- or resumed from ``train_state.pt``), the drafter's draft vocabulary
+and the optimizer.
 """
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-from ..drafters.dflash import DFlashDraftModel, new_dflash_for_target
-from ..errors import SpecvizError
+from ..drafters.dflash.checkpoint import MAX_BLOCK_SIZE, new_dflash_for_target
+from ..drafters.dflash.model import DFlashDraftModel
+from ..errors import SettingsError, SpecvizError
 from .loop import lr_lambda
 from .rollout_store import RolloutSet, read_meta
 from .train_data import TrainData, reply_vocab
 
-if TYPE_CHECKING:
-    from .dflash_train import TrainConfig
-
 STATE_NAME = "train_state.pt"
+
+
+@dataclass
+class TrainConfig:
+    block_size: int = 8
+    num_layers: int = 2
+    steps: int = 1000
+    batch_size: int = 8            # rollouts per step
+    anchors_per_seq: int = 16
+    lr: float = 6e-4
+    warmup: float = 0.04           # fraction of steps
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    gamma: float = 4.0
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    eval_rollouts: int = 32
+    save_every: int | None = None  # default: eval_every
+    seed: int = 0
+    intermediate_size: int | None = None
+    save_dtype: str = "float32"
+    init: str = "random"           # "random" | "target" (copy the target's top layers) | a
+    #                                DFlash checkpoint folder to continue from (same shape)
+    negatives: int = 4096          # sampled-softmax negatives per step; -1 = full vocabulary
+    soft_weight: float = 0.0       # weight of the target's top-k soft labels (soft_labels.py)
+
+    def validate(self) -> "TrainConfig":
+        if not 2 <= int(self.block_size) <= MAX_BLOCK_SIZE:
+            raise SettingsError(f"--block-size must be between 2 and {MAX_BLOCK_SIZE}")
+        if self.num_layers < 1:
+            raise SettingsError("--layers (drafter layers) must be at least 1")
+        if self.steps < 1 or self.batch_size < 1 or self.anchors_per_seq < 1:
+            raise SettingsError("--steps, --batch-size and --anchors-per-seq must be at least 1")
+        if not self.lr > 0 or not 0 <= self.warmup < 1 or not self.gamma > 0:
+            raise SettingsError("--lr and --gamma must be > 0 and --warmup in [0, 1)")
+        if self.init not in ("random", "target") and not Path(self.init).is_dir():
+            raise SettingsError("--init must be 'random', 'target' or a DFlash checkpoint folder "
+                                f"(no folder {self.init})")
+        if not 0.0 <= float(self.soft_weight) <= 1.0:
+            raise SettingsError("--soft-weight must be between 0 (hard labels) and 1")
+        if self.save_dtype not in ("float32", "bfloat16", "float16"):
+            raise SettingsError("--save-dtype must be float32, bfloat16 or float16")
+        return self
 
 
 def run_data(target, rollouts_dir, prefill, cfg: TrainConfig):
@@ -72,7 +114,7 @@ def _resumed(state_path: Path, cfg: TrainConfig, out: Path, rng: random.Random
     if model.draft_vocab is None and Path(cfg.init).is_dir():
         # a state saved before it kept the draft vocabulary: a continued drafter's earlier
         # words come from the checkpoint it continued (else a resume would drop them)
-        from ..drafters.dflash import load_dflash_checkpoint
+        from ..drafters.dflash.checkpoint import load_dflash_checkpoint
 
         model.draft_vocab = load_dflash_checkpoint(cfg.init).draft_vocab
     return model, st, int(st["step"])
@@ -84,7 +126,7 @@ def _fresh(target, cfg: TrainConfig, meta: dict) -> DFlashDraftModel:
                                   target_layer_ids=list(meta["target_layer_ids"]),
                                   intermediate_size=cfg.intermediate_size, seed=cfg.seed)
     if cfg.init == "target":
-        from ..drafters.dflash import init_from_target
+        from ..drafters.dflash.checkpoint import init_from_target
 
         init_from_target(model, target)
     elif cfg.init != "random":
@@ -94,7 +136,7 @@ def _fresh(target, cfg: TrainConfig, meta: dict) -> DFlashDraftModel:
 
 def _continue_from(folder: str, fresh: DFlashDraftModel) -> DFlashDraftModel:
     """The weights of the checkpoint in ``folder`` (strict), which must have the run's shape."""
-    from ..drafters.dflash import load_dflash_checkpoint
+    from ..drafters.dflash.checkpoint import load_dflash_checkpoint
 
     old = load_dflash_checkpoint(folder)
     if (old.block_size, len(old.layers), old.target_layer_ids) != \

@@ -1,4 +1,4 @@
-"""DFlash training on stored rollouts (METHODS §1) and a simulated-tau evaluation.
+"""DFlash training on stored rollouts (docs/methods/dflash.md) and a simulated-tau evaluation.
 
 Per step: ``batch_size`` training rollouts, ``anchors_per_seq`` random anchors a in the reply
 (a in [prompt_len-1, T-2], i.e. the last committed token of some decoding state). Each block is
@@ -16,11 +16,12 @@ unaffected).
 AdamW, linear warmup then cosine decay to 10 %, grad-norm clip 1.0.
 
 Output folder: ``config.json`` + ``model.safetensors`` in the published layout
-(:func:`~specviz.drafters.dflash.save_dflash_checkpoint`) and ``train_state.pt`` (float32 weights,
-optimizer, scheduler, step, RNG) for ``--resume``; ``train_log.jsonl`` records loss and eval tau.
+(:func:`~specviz.drafters.dflash.checkpoint.save_dflash_checkpoint`) and ``train_state.pt`` (float32
+weights, optimizer, scheduler, step, RNG) for ``--resume``; ``train_log.jsonl`` records loss and
+eval tau.
 
-Eval: the exact simulated tau on the eval split (:mod:`.simulated_tau`). The batched block
-forward lives in :mod:`.block_forward`, the schedule/order/log plumbing in :mod:`.loop`, the
+Eval: the exact simulated tau on the eval split (:mod:`.simulated_tau`). The batched block forward
+lives in :mod:`..drafters.dflash.offline`, the schedule/order/log plumbing in :mod:`.loop`, the
 run's set-up (data checks, fresh/continued/resumed drafter, draft vocabulary, optimizer) in
 :mod:`.dflash_setup`.
 """
@@ -36,58 +37,15 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..drafters.dflash import MAX_BLOCK_SIZE, DFlashDraftModel
-from ..errors import SettingsError, SpecvizError
-from .block_forward import anchor_hidden
-from .dflash_setup import (STATE_NAME, draft_vocabulary, make_optimizer, model_and_state,
-                           run_data)
+from ..drafters.dflash.model import DFlashDraftModel
+from ..drafters.dflash.offline import anchor_hidden
+from ..errors import SpecvizError
+from .dflash_setup import (STATE_NAME, TrainConfig, draft_vocabulary, make_optimizer,
+                           model_and_state, run_data)
 from .loop import ShuffledOrder, append_log, step_bar
 from .rollout_store import RolloutSet
 from .simulated_tau import simulated_tau
 from .train_data import TrainData
-
-
-@dataclass
-class TrainConfig:
-    block_size: int = 8
-    num_layers: int = 2
-    steps: int = 1000
-    batch_size: int = 8            # rollouts per step
-    anchors_per_seq: int = 16
-    lr: float = 6e-4
-    warmup: float = 0.04           # fraction of steps
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.01
-    gamma: float = 4.0
-    grad_clip: float = 1.0
-    eval_every: int = 100
-    eval_rollouts: int = 32
-    save_every: int | None = None  # default: eval_every
-    seed: int = 0
-    intermediate_size: int | None = None
-    save_dtype: str = "float32"
-    init: str = "random"           # "random" | "target" (copy the target's top layers) | a
-    #                                DFlash checkpoint folder to continue from (same shape)
-    negatives: int = 4096          # sampled-softmax negatives per step; -1 = full vocabulary
-    soft_weight: float = 0.0       # weight of the target's top-k soft labels (soft_labels.py)
-
-    def validate(self) -> "TrainConfig":
-        if not 2 <= int(self.block_size) <= MAX_BLOCK_SIZE:
-            raise SettingsError(f"--block-size must be between 2 and {MAX_BLOCK_SIZE}")
-        if self.num_layers < 1:
-            raise SettingsError("--layers (drafter layers) must be at least 1")
-        if self.steps < 1 or self.batch_size < 1 or self.anchors_per_seq < 1:
-            raise SettingsError("--steps, --batch-size and --anchors-per-seq must be at least 1")
-        if not self.lr > 0 or not 0 <= self.warmup < 1 or not self.gamma > 0:
-            raise SettingsError("--lr and --gamma must be > 0 and --warmup in [0, 1)")
-        if self.init not in ("random", "target") and not Path(self.init).is_dir():
-            raise SettingsError("--init must be 'random', 'target' or a DFlash checkpoint folder "
-                                f"(no folder {self.init})")
-        if not 0.0 <= float(self.soft_weight) <= 1.0:
-            raise SettingsError("--soft-weight must be between 0 (hard labels) and 1")
-        if self.save_dtype not in ("float32", "bfloat16", "float16"):
-            raise SettingsError("--save-dtype must be float32, bfloat16 or float16")
-        return self
 
 
 # --------------------------------------------------------------------------- the forward
@@ -186,9 +144,9 @@ def _with_soft_labels(ce, logits, soft, anchors, B: int, vocab, soft_weight: flo
 
 
 # --------------------------------------------------------------------------- the loop
-def _save(model, opt, sched, step: int, cfg: TrainConfig, out: Path, rng: random.Random,
+def save_run(model, opt, sched, step: int, cfg: TrainConfig, out: Path, rng: random.Random,
           meta: dict) -> None:
-    from ..drafters.dflash import save_dflash_checkpoint
+    from ..drafters.dflash.checkpoint import save_dflash_checkpoint
 
     m = model
     if cfg.save_dtype != "float32":
@@ -347,7 +305,7 @@ def _eval_and_save(run: _Run, target, cfg: TrainConfig, eval_set: RolloutSet, st
         if rec:
             run.emit(rec)
     if step % save_every == 0 or step == cfg.steps:
-        _save(run.model, run.opt, run.sched, step, cfg, run.out, run.rng, run.meta)
+        save_run(run.model, run.opt, run.sched, step, cfg, run.out, run.rng, run.meta)
 
 
 def _finish(run: _Run, target, cfg: TrainConfig, eval_set: RolloutSet) -> None:
@@ -359,7 +317,7 @@ def _finish(run: _Run, target, cfg: TrainConfig, eval_set: RolloutSet) -> None:
             run.last_eval = res
             run.emit(rec)
     if cfg.steps - run.start <= 0:
-        _save(run.model, run.opt, run.sched, cfg.steps, cfg, run.out, run.rng, run.meta)
+        save_run(run.model, run.opt, run.sched, cfg.steps, cfg, run.out, run.rng, run.meta)
 
 
 def _summary(run: _Run, cfg: TrainConfig, el: float, train_set: TrainData,

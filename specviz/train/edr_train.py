@@ -1,5 +1,5 @@
-"""Fine-tuning a DFlash drafter to minimise expected decoding rounds (METHODS §4, EDR), or with
-the block-local baselines, from the same initial weights for the same steps.
+"""Fine-tuning a DFlash drafter to minimise expected decoding rounds (docs/methods/edr.md, EDR), or
+with the block-local baselines, from the same initial weights for the same steps.
 
 Per rollout y (a stored target rollout with its tapped features) and objective:
 
@@ -8,7 +8,7 @@ Per rollout y (a stored target rollout with its tapped features) and objective:
   round starts are drawn with probability d[n] / sum(d) and recomputed WITH grad; the
   Horvitz-Thompson-weighted TD surrogate (:func:`specviz.train.objectives.round_terms`, weight
   sum(d) / num_starts) has the exact EDR gradient in expectation. The acceptance is
-  - *sampled* (METHODS §4, what the paper trains with) on rollouts sampled at T > 0, which
+  - *sampled* (what the EDR paper trains with) on rollouts sampled at T > 0, which
     store the target's p(y_t): a[n, t] = min(1, q_T(y[n+t-1]) / p(y[n+t-1])) with q_T the
     drafter's softmax at the same temperature -- exactly the probability that slot t of a
     sampled speculative round was an accepted draft, given the target's token there was y
@@ -36,11 +36,12 @@ from pathlib import Path
 import torch
 
 from ..analysis.edr import evaluate, greedy_acceptance, occupancy, values
+from ..drafters.dflash.offline import (all_state_acceptance, dflash_state_drafts, sequence_context,
+                                       state_acceptance, state_logprobs)
 from ..errors import SettingsError, SpecvizError
-from .block_forward import block_embeddings, forward_blocks, sequence_context
-from .dflash_train import _save, slot_weights
+from .dflash_train import save_run, slot_weights
 from .loop import ShuffledOrder, append_log, lr_lambda, step_bar
-from .objectives import acceptance_from_probs, check_objective, round_terms, survival_surrogate
+from .objectives import check_objective, round_terms, survival_surrogate
 from .rollout_store import RolloutSet
 
 
@@ -62,7 +63,7 @@ class EDRTrainConfig:
     eval_rollouts: int = 32
     seed: int = 0
     save_dtype: str = "bfloat16"
-    block_size: int = 0          # for _save's record (0 = the drafter's)
+    block_size: int = 0          # for save_run's record (0 = the drafter's)
     num_layers: int = 0
 
     def validate(self) -> "EDRTrainConfig":
@@ -72,59 +73,6 @@ class EDRTrainConfig:
         if not self.lr > 0:
             raise SettingsError("--lr must be > 0")
         return self
-
-
-def state_logprobs(model, target, tokens: torch.Tensor, ctx_kv, prompt_len: int,
-                   states: torch.Tensor, temperature: float = 1.0
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log q_{n_s, t}(y[n_s + t - 1]) [S, B-1], valid [S, B-1]): the drafter's log-probability
-    (over its draft vocabulary at ``temperature``, as at inference) of the rollout token in slot
-    t of the block at state n_s; invalid past the rollout's end or for a word outside the draft
-    vocabulary."""
-    T, P, B = int(tokens.shape[0]), int(prompt_len), model.block_size
-    anchors = P - 1 + states
-    h = forward_blocks(model, block_embeddings(model, target, tokens[anchors], B), anchors,
-                       ctx_kv)[:, 1:]
-    pos = anchors.view(-1, 1) + torch.arange(1, B).view(1, -1)
-    prev = tokens[(pos - 1).clamp(max=T - 1)]   # DSpark's Markov head, teacher-forced
-    logits = model.slot_logits(h, target.model.get_output_embeddings(), prev=prev).float()
-    y = tokens[pos.clamp(max=T - 1)].to(logits.device)
-    lp = torch.log_softmax(logits / temperature, -1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
-    ok = (pos < T).to(lp.device) & torch.isfinite(lp)
-    return torch.where(ok, lp, torch.zeros_like(lp)), ok
-
-
-def slot_target_p(p_reply: torch.Tensor, states: torch.Tensor, k: int) -> torch.Tensor:
-    """p(y[n_s + t - 1]) [S, k] for slots t = 1..k of the blocks at ``states`` from a sampled
-    rollout's per-reply-token target probabilities (1 past the reply's end: masked anyway)."""
-    idx = states.view(-1, 1) + torch.arange(k).view(1, -1)
-    ok = idx < p_reply.shape[0]
-    return torch.where(ok, p_reply[idx.clamp(max=p_reply.shape[0] - 1)],
-                       torch.ones((), dtype=p_reply.dtype))
-
-
-def state_acceptance(model, target, tokens: torch.Tensor, ctx_kv, prompt_len: int,
-                     states: torch.Tensor, p_reply: torch.Tensor | None = None,
-                     temperature: float = 1.0) -> torch.Tensor:
-    """a[s, t] for slot t of the block at state n_s (0 past the rollout's end or outside the
-    draft vocabulary); differentiable. Greedy rollouts (``p_reply`` None): the relaxed
-    a = q(y). Sampled rollouts: a = min(1, q_T(y) / p(y)) (:func:`acceptance_from_probs`)."""
-    lp, ok = state_logprobs(model, target, tokens, ctx_kv, prompt_len, states,
-                            temperature if p_reply is not None else 1.0)
-    q = torch.where(ok, lp.exp(), torch.zeros_like(lp))
-    if p_reply is None:
-        return q
-    return acceptance_from_probs(q, slot_target_p(p_reply, states, q.shape[-1]).to(q))
-
-
-def all_state_acceptance(model, target, tokens, ctx_kv, prompt_len: int,
-                         p_reply: torch.Tensor | None = None, temperature: float = 1.0,
-                         chunk: int = 128) -> torch.Tensor:
-    """a [L, B-1] (float64) of every state of a rollout, in chunks of ``chunk`` states."""
-    L = int(tokens.shape[0]) - int(prompt_len)
-    return torch.cat([state_acceptance(model, target, tokens, ctx_kv, prompt_len,
-                                       torch.arange(s, min(L, s + chunk)), p_reply, temperature)
-                      for s in range(0, L, chunk)]).double()
 
 
 def edr_loss(model, target, tokens, hidden, prompt_len: int, num_starts: int,
@@ -171,8 +119,6 @@ def objective_loss_for(cfg: EDRTrainConfig, model, target, tokens, hidden, promp
 def offline_edr(model, target, rollouts: RolloutSet, limit: int) -> dict:
     """Exact expected rounds of the drafter on held-out rollouts: greedy acceptance on greedy
     rollouts, sampled acceptance (drafting at the rollouts' temperature) on sampled ones."""
-    from ..analysis.offline_eval import dflash_state_drafts
-
     was = model.training
     model.eval()
     edr = toks = 0.0
@@ -322,7 +268,7 @@ def _save_run(run: _Run, train: RolloutSet, cfg: EDRTrainConfig, out: Path,
               evals: list) -> str:
     """The drafter (and its train state) in ``out`` and ``finetune.json`` (config, evals and
     the kind of acceptance trained on); that kind, described."""
-    _save(run.model, run.opt, run.sched, cfg.steps, cfg, out, run.batcher.rng,
+    save_run(run.model, run.opt, run.sched, cfg.steps, cfg, out, run.batcher.rng,
           {"model": train.meta.get("model")})
     acceptance = (f"sampled (T={train.temperature:g})" if train.temperature > 0
                   else "relaxed q(y) on greedy rollouts")

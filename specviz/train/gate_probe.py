@@ -1,10 +1,10 @@
-"""Fitting the forward gate's state probe (:mod:`specviz.drafters.state_probe`; issue 10, item 3).
+"""Fitting the forward gate's state probe (:mod:`specviz.drafters.dflash.state_probe`).
 
 Examples are exact: for every state n of a greedy rollout (n reply tokens committed), the
 features are the target's tapped hidden states at the position before the block's anchor (what
 the live drafter has when it decides -- the anchor's own row is computed by the round's verify),
 and the label is the accepted length of the drafter's whole greedy block at that state (offline
-replay, :func:`specviz.analysis.offline_eval.dflash_state_drafts`). The rollouts must come from
+replay, :func:`specviz.drafters.dflash.offline.dflash_state_drafts`). The rollouts must come from
 prompts the drafter was NOT trained on: on its training replies a drafter accepts more than it
 ever will on new text, and the probe would learn that optimism.
 
@@ -20,8 +20,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..analysis.edr import greedy_acceptance
-from ..analysis.offline_eval import dflash_state_drafts
-from ..drafters.state_probe import StateProbe, fit_state_probe, skip_threshold
+from ..drafters.dflash.offline import dflash_state_drafts
+from ..drafters.dflash.state_probe import StateProbe, fit_state_probe, skip_threshold
 from ..errors import SettingsError
 
 
@@ -67,7 +67,7 @@ def measured_threshold(model, target, prompt_ids: list[int], tokens: int = 12) -
     cost model, d the drafter's mean timed forward over a short real run on ``prompt_ids``, in
     one-token steps of the same model."""
     from ..costs import cost_curve
-    from ..drafters.dflash import DFlashDrafter
+    from ..drafters.dflash.drafter import DFlashDrafter
     from ..engine import DecodeSettings, Session
 
     cost = cost_curve("auto", target)

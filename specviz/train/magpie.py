@@ -1,4 +1,4 @@
-"""Instructions the target writes itself: dialogue prompts for drafter training (issue 10).
+"""Instructions the target writes itself: dialogue prompts for drafter training.
 
 Magpie (Xu et al., 2024, "Magpie: Alignment Data Synthesis from Scratch by Prompting Aligned
 LLMs with Nothing"): an instruct model fed its chat template up to the *content* of a user turn

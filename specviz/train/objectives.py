@@ -1,10 +1,11 @@
-"""Training objectives for drafters on an acceptance matrix (METHODS §4, EDR: minimise the
+"""Training objectives for drafters on an acceptance matrix (docs/methods/edr.md, EDR: minimise the
 expected number of decoding rounds directly).
 
 The acceptance matrix a [..., L, K] is the one of :mod:`specviz.analysis.edr`: state n = 0..L-1
 (tokens committed along a fixed target rollout), slot t = 1..K, a[n, t] = probability that slot
 t is accepted given slots < t were; slots past the budget (t > L - n - 1) are masked. For
-training it is built from the drafter's probabilities (:func:`acceptance_from_probs`) so that it
+training it is built from the drafter's probabilities
+(:func:`specviz.drafters.dflash.offline.acceptance_from_probs`) so that it
 carries gradients. Objectives:
 
 * :func:`edr_exact` -- EDR = V[0] by the (differentiable) backward value recursion of
@@ -60,8 +61,8 @@ def td_surrogate(a: torch.Tensor, num_starts: int | None = None,
     ``num_starts`` = None: every round start, sum_n d[n] g[n] (d, V without grad).
     Otherwise ``num_starts`` states per rollout drawn with replacement with probability
     d[n] / sum(d), each term g[n] weighted by sum(d) / num_starts -- the Horvitz-Thompson
-    estimate of the same sum, so the expected gradient is exact (METHODS §4 subsamples at most
-    512 starts per rollout). ``generator`` seeds the draw (on a's device)."""
+    estimate of the same sum, so the expected gradient is exact (the EDR paper subsamples at
+    most 512 starts per rollout). ``generator`` seeds the draw (on a's device)."""
     with torch.no_grad():
         ad = a.detach()
         V, d = values(ad), occupancy(ad)
@@ -84,18 +85,6 @@ def survival_surrogate(a: torch.Tensor) -> torch.Tensor:
     """1 - mean prefix survival: mean over states n and slots j = 1..K of S[n, j] (budget-
     masked slots count as 0), averaged over leading dims; in [0, 1]."""
     return 1.0 - survival(a)[..., 1:].mean()
-
-
-def acceptance_from_probs(slot_probs_of_y: torch.Tensor,
-                          p_of_y: torch.Tensor | None = None) -> torch.Tensor:
-    """Acceptance matrix from the drafter's probability q(y) of the rollout token at each
-    (state, slot). Without ``p_of_y``: a = q(y), a smooth stand-in for greedy acceptance
-    (whose gradient is zero almost everywhere). With the target's p(y): sampled acceptance
-    a = min(1, q(y) / p(y)) (METHODS §4: training at T > 0)."""
-    q = slot_probs_of_y.clamp(0.0, 1.0)
-    if p_of_y is None:
-        return q
-    return torch.minimum(torch.ones_like(q), q / p_of_y.clamp_min(1e-12))
 
 
 def check_objective(name: str) -> str:

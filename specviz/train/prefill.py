@@ -1,4 +1,5 @@
-"""Prefill-labelled training data for DFlash (METHODS §1): exact target labels at prefill speed.
+"""Prefill-labelled training data for DFlash (docs/methods/dflash.md): exact target labels at
+prefill speed.
 
 Generating rollouts runs at decode speed (~49 tok/s on a 2-core CPU). One batched forward over an
 existing text (prompt + a reference reply: GSM8K answers, MBPP code, Alpaca outputs, Spec-Bench
@@ -6,7 +7,7 @@ references) runs at prefill speed and gives, at every position t, the target's g
 ``greedy[t] = argmax p(. | text[:t+1])`` and the tapped hidden states. These labels are *exact*:
 
 For an anchor a (the block's first slot holds text[a]; the drafter sees context < a), slot k's
-label is the target's greedy continuation token k, which is ``greedy[a+k-1]`` exactly as long as
+label is the target's greedy token k after the anchor, which is ``greedy[a+k-1]`` exactly as long as
 the text already followed the greedy path on the slots before it, i.e.
 ``text[a+j] == greedy[a+j-1]`` for j = 1..k-1. Slot 1 is always exact; the first disagreement
 masks every later slot of that block (:func:`exact_prefix_labels`). For a greedy rollout the text

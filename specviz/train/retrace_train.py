@@ -1,4 +1,5 @@
-"""ReTrace training (METHODS §2): simulated consecutive rounds on stored target sequences.
+"""ReTrace training (docs/methods/retrace.md): simulated consecutive rounds on stored target
+sequences.
 
 For a sequence (a greedy rollout, or a prefill-labelled text where the exact-prefix labels of
 :mod:`specviz.train.prefill` say where it follows the target's greedy path) and anchors a:
@@ -10,7 +11,7 @@ For a sequence (a greedy rollout, or a prefill-labelled text where the exact-pre
 2. the verify pass: one target forward over the drafted tokens d_{m+1} .. d_{B-2} on the cached
    target prefix (the sequence's KV cache cropped to a+m+1) gives the target's argmax at every
    rejected position exactly as the engine's verify pass would (``Round.target_argmax``);
-   :func:`specviz.drafters.retrace.build_memory` turns it into the memory.
+   :func:`specviz.drafters.dflash.retrace.build_memory` turns it into the memory.
 3. round r+1 at a' = a+m+1 with the fused memory; loss = decay-weighted CE on its slots against
    the exact labels. By default only the fusion trains (the backbone is frozen). With
    ``backbone_lr > 0`` the backbone is fine-tuned jointly (its block and context paths, at
@@ -31,10 +32,10 @@ from pathlib import Path
 
 import torch
 
-from ..drafters.retrace import (INCLUDED, INCLUDED_BACKBONE, ReTraceFusion, build_memory, fuse,
-                                fusion_config, save_retrace)
+from ..drafters.dflash.offline import block_embeddings, forward_blocks, sequence_context
+from ..drafters.dflash.retrace import (INCLUDED, INCLUDED_BACKBONE, ReTraceFusion, build_memory,
+                                       fuse, fusion_config, save_retrace)
 from ..errors import SettingsError, SpecvizError
-from .block_forward import block_embeddings, forward_blocks, sequence_context
 from .dflash_train import slot_weights
 from .loop import ShuffledOrder, append_log, lr_lambda, step_bar
 from .prefill import block_labels
@@ -186,7 +187,7 @@ def evaluate(model, target, fusion, data, n: int, seed: int = 0) -> dict:
 def save_checkpoint(fusion, model, conf: dict, out: Path, cfg: ReTraceTrainConfig, step: int):
     """The fusion (and, trained jointly, the fine-tuned backbone in ``out/backbone``)."""
     if cfg.backbone_lr > 0:
-        from ..drafters.dflash import save_dflash_checkpoint
+        from ..drafters.dflash.checkpoint import save_dflash_checkpoint
 
         save_dflash_checkpoint(copy.deepcopy(model).to(torch.bfloat16), out / INCLUDED_BACKBONE)
     save_retrace(fusion, conf, out, {"specviz_training": {"step": step, **asdict(cfg)}})

@@ -1,6 +1,6 @@
-"""The rollouts store, read side (METHODS §1): a folder of target rollouts with the tapped hidden
-states, as :mod:`specviz.train.rollouts` (generated replies) and :mod:`specviz.train.prefill`
-(prefill-labelled texts) write it.
+"""The rollouts store, read side (docs/methods/dflash.md): a folder of target rollouts with the
+tapped hidden states, as :mod:`specviz.train.rollouts` (generated replies) and
+:mod:`specviz.train.prefill` (prefill-labelled texts) write it.
 
 * ``meta.json``: model, tapped ``target_layer_ids``, hidden size, storage dtype, settings --
   :func:`read_meta`, and :func:`write_or_check_meta` refuses to mix data of another target;

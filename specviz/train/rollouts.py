@@ -1,5 +1,5 @@
-"""Target rollouts for drafter training (METHODS §1), with the tapped hidden states saved while
-the replies are generated -- no second prefill pass.
+"""Target rollouts for drafter training (docs/methods/dflash.md), with the tapped hidden states
+saved while the replies are generated -- no second prefill pass.
 
 Prompts are chat-templated (``Target.encode_prompt``), sorted by length and generated in batches
 (left padding + attention mask + position ids, one KV cache per batch). The batched prefill gives
@@ -16,7 +16,7 @@ On disk (``out/``):
   exactly the drafter's context features -- float16 by default); sampled rollouts
   (``temperature > 0``) also store ``{name}.p`` float32 [reply length], the target's probability
   p(y_t) of each sampled reply token at that temperature -- what EDR's sampled acceptance
-  min(1, q(y_t) / p(y_t)) needs (METHODS §4);
+  min(1, q(y_t) / p(y_t)) needs (docs/methods/edr.md);
 * ``manifest.jsonl``: one line per rollout: key, id, category, source, split (train / eval by a
   deterministic hash of the key), shard, name, prompt_len, reply_len, stop (eos / max_new_tokens).
 
@@ -61,7 +61,7 @@ def split_of(key: str, holdout: float) -> str:
 def parse_layers(spec: str | None, num_layers: int, k: int = 5) -> list[int]:
     """'auto' (or None) -> ``default_target_layer_ids(L, min(k, L))`` -- the ids a new DFlash
     drafter gets by default; else a comma-separated list of target layer ids."""
-    from ..drafters.dflash import default_target_layer_ids
+    from ..drafters.dflash.model import default_target_layer_ids
 
     if spec is None or str(spec).strip().lower() in ("", "auto"):
         return default_target_layer_ids(num_layers, min(k, num_layers))

@@ -1,4 +1,5 @@
-"""Simulated tau: a drafter's exact greedy acceptance along stored rollouts (METHODS §1, §3).
+"""Simulated tau: a drafter's exact greedy acceptance along stored rollouts (docs/methods/dflash.md,
+docs/methods/adapld.md).
 
 Along a fixed rollout, start at the reply's first position n = P, draft a block from context
 < n-1 with anchor token n-1, accept the longest prefix equal to the rollout, jump to
@@ -19,7 +20,7 @@ def simulated_tau_one(model, target, tokens: torch.Tensor, hidden: torch.Tensor,
     """(new tokens, rounds) of greedy speculative decoding replayed along one fixed rollout
     (:func:`specviz.analysis.replay.replay`: exact for greedy, no target forward)."""
     from ..analysis.replay import Rollout, replay
-    from ..drafters.dflash import DFlashDrafter
+    from ..drafters.dflash.drafter import DFlashDrafter
 
     drafter = DFlashDrafter(target, model=model, block_size=block_size or None, cut="off",
                             tree=0)   # the chain's tau: what training improves

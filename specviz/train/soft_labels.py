@@ -1,4 +1,4 @@
-"""Soft labels for DFlash training (METHODS §1; issue 10, item 1): the target's top-k.
+"""Soft labels for DFlash training (docs/methods/dflash.md): the target's top-k.
 
 A greedy rollout gives one hard label per slot (the target's argmax). The same verify position
 also has the target's whole next-token distribution p(. | text[:t+1]); its top-k words and

@@ -1,7 +1,7 @@
 """A DFlash training set: a rollouts folder's train split plus prefill-labelled text folders.
 
 Rollouts (:mod:`.rollouts`) are the target's own greedy replies; prefill-labelled folders
-(:mod:`.prefill`, issue 10 item 1) are any text with the target's greedy next token stored at
+(:mod:`.prefill` item 1) are any text with the target's greedy next token stored at
 every position, trained on their exact-prefix labels; both may carry the target's top-k soft
 labels (:mod:`.soft_labels`). All of them must come from the same target and tapped layers.
 :func:`reply_vocab` is every word a training label can be: the drafter's draft vocabulary.

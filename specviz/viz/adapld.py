@@ -1,4 +1,5 @@
-"""Views of an AdaPLD run (METHODS §3): where each draft came from and what the target made of it.
+"""Views of an AdaPLD run (docs/methods/adapld.md): where each draft came from and what the target
+made of it.
 
 Pure functions of a :class:`~specviz.trace.Trace` / :class:`~specviz.trace.Round` (no streamlit,
 no model), read from the drafter's round extras (:meth:`AdaPLDDrafter._extras`):
@@ -8,15 +9,13 @@ no model), read from the drafter's round extras (:meth:`AdaPLDDrafter._extras`):
   ``semfree``;
 * ``extras["suffix"]`` — ``[start, end)`` of the context suffix that was looked up;
 * ``extras["matches"]`` — ranked candidates, each with its matched ``span`` and the copied
-  continuation ``copy_from`` (absolute positions into prompt_ids + output), ``score``, ``kind``
+  tokens ``copy_from`` (absolute positions into prompt_ids + output), ``score``, ``kind``
   and ``branch`` (its branch index in the draft, or None for a ranked alternative not drafted).
 
 Functions:
 
-* :func:`context_spans_html` — the round's context (prompt + generated tokens) with the matched
-  spans (classes ``m-lex`` / ``m-sem``, opacity and a badge from the score), the looked-up suffix
-  (``m-suffix``) and the copied continuations (``m-copy``) marked; :func:`context_tokens` gives
-  the same as records (both in :mod:`.adapld_context`, re-exported here).
+* the round's context (prompt + generated tokens) with the matched spans, the looked-up suffix
+  and the copied tokens marked: :mod:`.adapld_context`.
 * :func:`branch_tree_figure` — the draft tree (:mod:`specviz.viz.tree`) with each node's
   branch of origin (a chain is a one-branch tree).
 * :func:`retrieval_counts`, :func:`retrieval_table`, :func:`fig_retrieval` — retrieval kinds over
@@ -30,16 +29,15 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..analysis import metrics
-from ..drafters import AdaPLDDrafter, methods_of
+from .. import metrics
+from ..drafters import methods_of
+from ..drafters.adapld.drafter import AdaPLDDrafter
 from ..trace import Round, Trace
+from . import tree as vt
+from .adapld_context import retrieval_kind, round_context, round_matches, span_of
 from .rounds import RoundNotes
 from .rounds import round_summary_html as _round_sentence
 from .tables import join_tokens
-from . import tree as vt
-from .adapld_context import (CONTEXT_CSS, ContextToken, _matches, _span,  # noqa: F401
-                             context_legend_html, context_spans_html, context_tokens,
-                             retrieval_kind, round_context)
 
 #: the registered methods AdaPLD builds (the full method and its ablations)
 ADAPLD_METHODS = methods_of(AdaPLDDrafter)
@@ -100,7 +98,7 @@ def node_branches(r: Round) -> list[int | None]:
     whose tokens pass through it (branch 0 = the best-ranked match) — or None when unknown."""
     children = r.tree.children_map()
     out: list[int | None] = [None] * len(r.draft)
-    matches = [m for m in _matches(r) if m.get("branch") is not None]
+    matches = [m for m in round_matches(r) if m.get("branch") is not None]
     for m in sorted(matches, key=lambda m: int(m["branch"])):
         cur = -1
         for tok in m.get("tokens") or []:
@@ -130,9 +128,9 @@ def matches_table(trace: Trace, round_index: int) -> pd.DataFrame:
         return "".join(texts.get(int(t), f"<{t}>") for t in ids).replace("\n", "↵")
 
     rows = []
-    for rank, m in enumerate(_matches(r)):
-        sp = _span(m.get("span")) or (0, 0)
-        cp = _span(m.get("copy_from")) or (0, 0)
+    for rank, m in enumerate(round_matches(r)):
+        sp = span_of(m.get("span")) or (0, 0)
+        cp = span_of(m.get("copy_from")) or (0, 0)
         rows.append({
             "rank": rank + 1, "kind": m.get("kind"),
             "drafted": f"branch {m['branch']}" if m.get("branch") is not None else "no",
@@ -158,11 +156,11 @@ def retrieval_notes(trace: Trace, round_index: int) -> RoundNotes:
              f'border-radius:4px;padding:0 6px">{html.escape(kind)}</span>'
              + (f" <code>{html.escape(str(src))}</code>" if src else ""))
     draft = []
-    sf = _span(ex.get("suffix"))
+    sf = span_of(ex.get("suffix"))
     if sf:
         ctx = round_context(trace, round_index)
         draft.append(f"looked up the suffix <code>{esc(ctx[sf[0]:sf[1]])}</code>")
-    ms = _matches(r)
+    ms = round_matches(r)
     if ms:
         used = sum(m.get("branch") is not None for m in ms)
         draft.append(f"{len(ms)} match(es) shown, {used} drafted")
@@ -263,7 +261,7 @@ def retrieval_table(trace: Trace) -> pd.DataFrame:
 
 def default_round(trace: Trace) -> int:
     """The round (1-based) a page opens on: the last one that drafted something (its matches
-    and copied continuation are what the page explains), else the last round."""
+    and copied tokens are what the page explains), else the last round."""
     drafted = [r.index + 1 for r in trace.rounds if r.draft]
     return drafted[-1] if drafted else max(1, trace.num_rounds)
 
@@ -324,8 +322,7 @@ def ablation_table(runs: list) -> pd.DataFrame:
     return summary[cols].reset_index(drop=True)
 
 
-__all__ = ["ADAPLD_METHODS", "ABLATION_LABELS", "RETRIEVAL_KINDS", "ContextToken",
-           "ablation_table", "branch_tree_figure", "context_legend_html", "context_spans_html",
-           "context_tokens", "fig_retrieval", "is_adapld_trace", "matches_table", "node_branches",
-           "retrieval_counts", "retrieval_kind", "retrieval_table",
-           "round_context", "round_summary_html", "retrieval_notes"]
+__all__ = ["ADAPLD_METHODS", "ABLATION_LABELS", "RETRIEVAL_KINDS", "ablation_table",
+           "branch_tree_figure", "fig_retrieval", "is_adapld_trace", "matches_table",
+           "node_branches", "retrieval_counts", "retrieval_table", "round_summary_html",
+           "retrieval_notes"]

@@ -1,5 +1,6 @@
-"""The context an AdaPLD round looked up, drawn (METHODS §3): matched spans, the looked-up
-suffix and the copied continuations, as records and as HTML (the AdaPLD page's context view).
+"""The context an AdaPLD round looked up, drawn (docs/methods/adapld.md): matched spans, the
+looked-up suffix and the copied tokens, as records and as HTML (the AdaPLD page's context
+view).
 
 Pure functions of a :class:`~specviz.trace.Trace` (no streamlit, no model), read from the
 drafter's round extras (``retrieval``, ``suffix``, ``matches``: see :mod:`specviz.viz.adapld`).
@@ -26,12 +27,14 @@ def round_context(trace: Trace, round_index: int) -> list[int]:
 
 
 
-def _matches(r: Round) -> list[dict]:
+def round_matches(r: Round) -> list[dict]:
+    """The lookup matches a round recorded (extras ``matches``), well-formed ones only."""
     ms = (r.extras or {}).get("matches") or []
     return [m for m in ms if isinstance(m, dict)]
 
 
-def _span(v) -> tuple[int, int] | None:
+def span_of(v) -> tuple[int, int] | None:
+    """A recorded [start, end) span as a pair of ints; None when malformed or empty."""
     try:
         a, b = int(v[0]), int(v[1])
     except (TypeError, ValueError, IndexError, KeyError):
@@ -57,7 +60,7 @@ class ContextToken:
     match: int | None = None        # rank (0 = best) of the best match covering it
     score: float | None = None
     used: bool = False              # that match was drafted (a branch), not just ranked
-    copy: int | None = None         # rank of the best match whose continuation was copied here
+    copy: int | None = None         # rank of the best match whose copy landed here
     copy_used: bool = False
     suffix: bool = False            # part of the looked-up suffix
     badges: list[tuple[str, int, dict]] = field(default_factory=list)  # (role, rank, match)
@@ -104,18 +107,18 @@ def context_tokens(trace: Trace, round_index: int) -> list[ContextToken]:
     texts = trace.token_texts
     toks = [ContextToken(p, t, texts.get(t, f"<{t}>"), p >= prompt_len)
             for p, t in enumerate(ctx)]
-    for rank, m in enumerate(_matches(r)):
+    for rank, m in enumerate(round_matches(r)):
         used = m.get("branch") is not None
         kind = "semantic" if m.get("kind") == "semantic" else "lexical"
         try:
             score = float(m.get("score"))
         except (TypeError, ValueError):
             score = None
-        _mark(toks, _span(m.get("span")), ("kind", "match", "score", "used"),
+        _mark(toks, span_of(m.get("span")), ("kind", "match", "score", "used"),
               (kind, rank, score, used), ("match", rank, m))
-        _mark(toks, _span(m.get("copy_from")), ("copy", "copy_used"), (rank, used),
+        _mark(toks, span_of(m.get("copy_from")), ("copy", "copy_used"), (rank, used),
               ("copy", rank, m) if used else None)
-    sf = _span((r.extras or {}).get("suffix"))
+    sf = span_of((r.extras or {}).get("suffix"))
     if sf:
         for p in range(max(0, sf[0]), min(L, sf[1])):
             toks[p].suffix = True
@@ -162,7 +165,7 @@ def _badge_html(role: str, rank: int, m: dict) -> str:
     used = m.get("branch") is not None
     k = "S" if kind == "semantic" else "L"
     if role == "copy":
-        title = f"copied continuation of match #{rank + 1} (drafted as branch {m.get('branch')})"
+        title = f"copy of match #{rank + 1} (drafted as branch {m.get('branch')})"
         return (f'<span class="badge b-copy" title="{html.escape(title)}">copy #{rank + 1}'
                 f'</span>')
     score = m.get("score")
@@ -198,7 +201,7 @@ def _token_html(t: ContextToken) -> str:
                      + ("" if t.used else ", not drafted"))
     if t.copy is not None:
         title.append(f"copied as the draft of match #{t.copy + 1}" if t.copy_used else
-                     f"continuation of match #{t.copy + 1} (not drafted)")
+                     f"copy of match #{t.copy + 1} (not drafted)")
     if t.suffix:
         title.append("looked-up suffix")
     tt = html.escape("\n".join(title), quote=True).replace("\n", "&#10;")
@@ -216,7 +219,7 @@ def context_spans_html(trace: Trace, round_index: int, collapse: int | None = No
 
     Classes: ``m-lex`` / ``m-sem`` (a matched span; background opacity grows with the score,
     ``m-alt`` when the match was ranked but not drafted; a badge ``L1 0.62`` / ``S2 0.94`` shows
-    its rank and score), ``m-copy`` (the copied continuation of a drafted match), ``m-suffix``
+    its rank and score), ``m-copy`` (the copy of a drafted match), ``m-suffix``
     (the looked-up suffix), ``ctx-out`` (generated tokens). ``collapse=k`` elides runs of
     unmarked tokens farther than k tokens from any mark; ``show_draft`` appends the round's
     best-ranked draft after the context."""
@@ -302,7 +305,7 @@ def context_legend_html(include_css: bool = False) -> str:
          '<span class="sw" style="background:#94a3b8;color:#fff;border-radius:999px;'
          'font-size:0.7em">L3</span>', "ranked alternative, not drafted"),
         ('<span class="sw" style="border-bottom:3px solid #059669">ab</span>',
-         "copied continuation (the draft)"),
+         "copied tokens (the draft)"),
         ('<span class="sw" style="box-shadow:inset 0 2px 0 #d97706,inset 0 -2px 0 #d97706;'
          'background:#fef3c7">ab</span>', "looked-up suffix"),
     ]

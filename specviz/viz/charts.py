@@ -147,7 +147,7 @@ def has_confidence(trace: Trace) -> bool:
 
 def _draw_cut(fig: go.Figure, r, kept: int) -> None:
     """Slots a block drafter filled but did not send to the target (the cost-aware cut of
-    specviz.drafters.block_cut), greyed, with a dashed line where the block was cut."""
+    specviz.drafters.dflash.block_cut), greyed, with a dashed line where the block was cut."""
     cut = (r.extras or {}).get("cut")
     if not isinstance(cut, dict):
         return
@@ -164,7 +164,7 @@ def _draw_cut(fig: go.Figure, r, kept: int) -> None:
 
 
 def _tree_slot_bars(fig: go.Figure, trace: Trace, r) -> None:
-    """A block verified as a token tree (:mod:`specviz.drafters.block_tree`): each slot's top
+    """A block verified as a token tree (:mod:`specviz.drafters.dflash.block_tree`): each slot's top
     probability, coloured by how far the accepted path reached, and the drafter's probability
     of the word the target accepted at each slot (not always the slot's top word)."""
     from .tables import join_tokens
@@ -322,7 +322,7 @@ def gate_rounds(trace: Trace) -> pd.DataFrame:
     the round was decided (tokens per one-token forward of the recent drafted rounds, decayed)
     and what the round was: drafted, drafted but cut to nothing, a probe
     of the paused drafter, paused (a plain step, no drafter forward), or skipped by the state
-    probe (:mod:`specviz.drafters.state_probe`: a plain step too). Empty without a gate."""
+    probe (:mod:`specviz.drafters.dflash.state_probe`: a plain step too). Empty without a gate."""
     rows = []
     for r in trace.rounds:
         cut = (r.extras or {}).get("cut") or {}

@@ -1,6 +1,6 @@
-"""EDR views (METHODS §4): where the rounds of a speculative run start (occupancy d_n) along the
-text, the value curve V_n (expected rounds still to go), the per-state acceptance heatmap, and
-two drafters side by side (occupancy difference: where one saves rounds). Pure functions of
+"""EDR views (docs/methods/edr.md): where the rounds of a speculative run start (occupancy d_n)
+along the text, the value curve V_n (expected rounds still to go), the per-state acceptance heatmap,
+and two drafters side by side (occupancy difference: where one saves rounds). Pure functions of
 :class:`~specviz.analysis.edr.MRPResult` records and token texts.
 """
 from __future__ import annotations

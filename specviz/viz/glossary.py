@@ -1,4 +1,4 @@
-"""The words the app uses, each in one line (speculative decoding §0), for a glossary a teacher
+"""The words the app uses, each in one line (speculative decoding), for a glossary a teacher
 can point at. Every page that shows one of these terms can link here."""
 from __future__ import annotations
 

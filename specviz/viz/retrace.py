@@ -1,5 +1,6 @@
-"""ReTrace views (METHODS §2): round r's rejected suffix under round r+1's block, the match-rate
-heatmap (rejected slot x offset), the gate per slot, and ReTrace beside its DFlash backbone.
+"""ReTrace views (docs/methods/retrace.md): round r's rejected suffix under round r+1's block, the
+match-rate heatmap (rejected slot x offset), the gate per slot, and ReTrace beside its DFlash
+backbone.
 
 Pure functions of :class:`~specviz.trace.Trace` records (a saved trace reopens the page without
 a model). A ReTrace round records ``extras['retrace']``: the slots that received a memory, the
@@ -13,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..analysis.alignment import OFFSETS, by_slot, final_tokens, rejected_tokens
-from ..analysis.suffix_bound import SuffixBound, suffix_bound
+from ..analysis.suffix_bound import SuffixBound
 from ..trace import Trace
 from .tokens import visible_text
 
@@ -57,8 +58,8 @@ def no_memory_note(trace: Trace) -> str | None:
 
 def no_pairs_note(trace: Trace) -> str:
     """Why no round can be drawn under a rejected suffix: token-tree rounds (DFlash's default,
-    :mod:`specviz.drafters.block_tree`) are not laid out by position, or no chain round rejected
-    two or more tokens before the next round."""
+    :mod:`specviz.drafters.dflash.block_tree`) are not laid out by position, or no chain round
+    rejected two or more tokens before the next round."""
     if any(r.is_tree for r in trace.rounds):
         return ("This run drafts token trees (several candidates per position), which are not "
                 "laid out here: a rejected suffix and the next block are drawn for chain rounds "
@@ -191,7 +192,7 @@ def fig_match_heatmap(traces: list[Trace], title: str = "") -> go.Figure:
 
 
 def slot_table(traces: list[Trace]) -> pd.DataFrame:
-    """Exact / best-offset / top-k match rate per rejected slot (the issue's probe)."""
+    """Exact / best-offset / top-k match rate per rejected slot (ReTrace's alignment probe)."""
     rows = []
     for s, summ in sorted(by_slot(t for tr in traces for t in rejected_tokens(tr)).items()):
         rows.append({"rejected slot": s, "tokens": summ.rejected, "exact": summ.exact,

@@ -1,4 +1,4 @@
-"""One round in one sentence (speculative decoding §0: draft → verify → commit).
+"""One round in one sentence (speculative decoding: draft → verify → commit).
 
 :func:`round_summary_html` says what was drafted, accepted and rejected in a round and which
 token the target added itself (a correction after a rejection, a bonus after a fully accepted
@@ -11,7 +11,8 @@ import html
 from dataclasses import dataclass, field
 
 from ..trace import Round, Trace
-from .tables import describe_extras, join_tokens
+from .extras import describe_extras
+from .tables import join_tokens
 
 BOX_STYLE = ("font-size:0.9rem;color:#1e293b;background:#f8fafc;border:1px solid #e2e8f0;"
              "border-radius:0.5rem;padding:0.45rem 0.7rem;margin:0.3rem 0 0.6rem 0;")

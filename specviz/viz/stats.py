@@ -1,6 +1,6 @@
 """Statistics shown by the app, computed from a :class:`~specviz.trace.Trace` only.
 
-Speculative decoding §0; tau and target forwards are defined once in specviz.analysis.metrics.
+tau and target forwards are defined once in specviz.metrics.
 Everything here is a pure function of the trace, so an uploaded trace shows the same numbers
 as the live run that produced it.
 """

@@ -6,10 +6,10 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from ..analysis import metrics
-from ..analysis.lossless import compare_outputs
+from .. import metrics
+from ..analysis.lossless import LosslessVerdict, compare_outputs, lossless_verdict
 from ..trace import Round, Trace
-from .extras import describe_extras  # noqa: F401 (re-exported)
+from .extras import describe_extras
 from .stats import position_acceptance
 
 
@@ -155,7 +155,7 @@ def _round(x: float | None, nd: int) -> float | None:
 
 def compare_runs_table(runs: list[CompareRun], baseline: str = "ar") -> pd.DataFrame:
     """Per prompt and method: tau, forwards, wall time, speedup vs the baseline of that prompt,
-    and whether the output equals the baseline's token for token (specviz.analysis.metrics)."""
+    and whether the output equals the baseline's token for token (specviz.metrics)."""
     base = {r.prompt_id: r for r in runs if r.method == baseline}
     rows = []
     for r in runs:
@@ -209,7 +209,7 @@ def compare_summary_table(runs: list[CompareRun], baseline: str = "ar") -> pd.Da
 
 
 def compare_verdict(runs: list[CompareRun], target=None,
-                    baseline: str = "ar") -> metrics.LosslessVerdict:
+                    baseline: str = "ar") -> LosslessVerdict:
     """Lossless verdict of the Compare page: every other run vs the baseline run of its prompt
     (greedy only). With ``target``, a differing run's first divergence is checked for a top-2
     near-tie of the target's logits (one forward per differing run)."""
@@ -217,4 +217,4 @@ def compare_verdict(runs: list[CompareRun], target=None,
     reports = [compare_outputs(target, r.trace.prompt_ids, base[r.prompt_id].trace.output_ids,
                                r.trace.output_ids)
                for r in runs if r.method != baseline and r.prompt_id in base]
-    return metrics.lossless_verdict(reports, greedy=all(_greedy(r.trace) for r in runs))
+    return lossless_verdict(reports, greedy=all(_greedy(r.trace) for r in runs))

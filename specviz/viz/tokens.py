@@ -1,4 +1,4 @@
-"""Token-by-token rendering of a trace (speculative decoding §0, steps 3-4).
+"""Token-by-token rendering of a trace (speculative decoding, steps 3-4).
 
 Every generated token is drawn as a box whose colour says where it came from:
 

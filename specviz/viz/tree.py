@@ -224,8 +224,9 @@ def _figure_layout(fig: go.Figure, title: str, max_x: float, rows: float, height
 
 
 def block_tree_figure(trace: Trace, round_index: int) -> go.Figure:
-    """A DFlash block verified as a token tree (:mod:`specviz.drafters.block_tree`): the round's
-    tree, each node's hover naming its word's rank in its slot and the drafter's probability."""
+    """A DFlash block verified as a token tree (:mod:`specviz.drafters.dflash.block_tree`): the
+    round's tree, each node's hover naming its word's rank in its slot and the drafter's
+    probability."""
     r = trace.rounds[round_index] if 0 <= round_index < len(trace.rounds) else None
     ex = (r.extras or {}) if r is not None else {}
     ranks, conf = ex.get("tree_ranks") or [], ex.get("confidence") or []
