@@ -261,7 +261,6 @@ TYPE_WORDS = {
     "string_type": "must be text", "bool_type": "must be true or false",
     "list_type": "must be a list", "dict_type": "must be an object",
     "model_type": "must be an object", "model_attributes_type": "must be an object",
-    "too_long": "is too long", "too_short": "is too short",
 }
 
 
@@ -303,11 +302,32 @@ def _sentence(err: dict) -> str:
     if loc and isinstance(loc[-1], int) and named:
         cut = max(i for i, x in enumerate(loc) if not isinstance(x, int))
         loc, item = loc[:cut + 1], f"; item {loc[-1] + 1} is {shown(err.get('input'))}"
-    words = FIELD_WORDS.get(field) or TYPE_WORDS.get(kind) or err.get("msg", "is not valid").lower()
+    words = FIELD_WORDS.get(field) or _type_words(kind, err.get("ctx") or {}, bool(item))
     if kind in ("too_long", "too_short"):
-        words = f"{TYPE_WORDS[kind]} ({err.get('msg', '').lower()})"
+        ctx = err.get("ctx") or {}
+        bound = (f"at most {ctx.get('max_length')}" if kind == "too_long"
+                 else f"at least {ctx.get('min_length')}")
+        return f"{_where(loc)} must have {bound} items, got {shown(err.get('input'))}"
     got = item or f", got {shown(err.get('input'))}"
     return f"{_where(loc)} {words}{got}"
+
+
+#: the kinds of value a list item must be, for a field without its own words
+ITEM_WORDS = {"int_type": "whole numbers", "float_type": "numbers", "string_type": "texts",
+              "bool_type": "true or false values", "dict_type": "objects", "model_type": "objects",
+              "list_type": "lists"}
+
+
+def _type_words(kind: str, ctx: dict, in_list: bool) -> str:
+    """What a value must be, from pydantic's error type (never pydantic's own sentence)."""
+    bounds = {"greater_than_equal": ("at least", "ge"), "greater_than": ("above", "gt"),
+              "less_than_equal": ("at most", "le"), "less_than": ("below", "lt")}
+    if kind in bounds:
+        words, key = bounds[kind]
+        return f"must be {words} {ctx.get(key)}"
+    if in_list and kind in ITEM_WORDS:
+        return f"must be a list of {ITEM_WORDS[kind]}"
+    return TYPE_WORDS.get(kind, "is not a value a trace can hold")
 
 
 def first_error(exc: ValidationError) -> str:

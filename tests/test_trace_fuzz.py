@@ -38,7 +38,8 @@ CASES = 500
 #: what a message must never show: Python's own words
 INTERNALS = re.compile(r"Traceback|object has no attribute|NoneType|invalid literal|could not "
                        r"convert|unhashable|not subscriptable|index out of range|KeyError|"
-                       r"is not iterable|unsupported operand|Input should be|pydantic")
+                       r"is not iterable|unsupported operand|input should be|after validation|"
+                       r"pydantic", re.IGNORECASE)
 #: a message names a round, a field, or says what is wrong with the file as a whole
 NAMES_WHERE = re.compile(r"^round \d+[: ]|'[A-Za-z_.]+'|^the trace file |^not a specviz trace|"
                          r"schema_version|^the trace has no rounds|nests more than")
