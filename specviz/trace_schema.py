@@ -46,7 +46,8 @@ Prob = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 Number = Annotated[float, Field(allow_inf_nan=False)]
 Span = Annotated[list[Count], Field(min_length=2, max_length=2)]
 Ids = Annotated[list[Id], Field(max_length=MAX_NODES + 1)]
-Rows = Annotated[list[Annotated[list[Id], Field(max_length=MAX_NODES)]], Field(max_length=MAX_NODES + 1)]
+Rows = Annotated[list[Annotated[list[Id], Field(max_length=MAX_NODES)]],
+                 Field(max_length=MAX_NODES + 1)]
 ProbRows = Annotated[list[Annotated[list[Prob], Field(max_length=MAX_NODES)]],
                      Field(max_length=MAX_NODES + 1)]
 

@@ -250,7 +250,8 @@ def test_fuzzed_traces_load_and_render_or_say_why(tmp_path):
 
 
 @pytest.mark.parametrize("mutate, expect", [
-    (lambda d: d["rounds"].__setitem__(slice(None), [None, None]), "round 1 must be an object of round fields, got None"),
+    (lambda d: d["rounds"].__setitem__(slice(None), [None, None]),
+     "round 1 must be an object of round fields, got None"),
     (lambda d: d.__setitem__("prompt_ids", ["hello"] + d["prompt_ids"]),
      "'prompt_ids' must be a list of token ids; item 1 is 'hello'"),
     (lambda d: d.__setitem__("token_texts", ["a", "b"]), "'token_texts' must be an object"),
