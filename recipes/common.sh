@@ -14,7 +14,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 # shellcheck disable=SC1091
 [ -f .venv/bin/activate ] && . .venv/bin/activate
-export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"   # see specviz/__init__.py
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"   # see specviz/__main__.py
 [ -n "${THREADS:-}" ] && export OMP_NUM_THREADS="$THREADS"
 D=${DATA:-${SPECVIZ_DATA:-../shared/data}}
 W=${WORK:-runs}
