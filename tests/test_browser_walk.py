@@ -219,6 +219,7 @@ def test_bad_sidebar_input_one_message_each(server, browser, tmp_path):
         page.close()
 
 
+@pytest.mark.slow   # a measurement (about a minute): `bash scripts/test.sh -m slow`
 def test_next_round_settle_time_of_every_method(server, browser):
     """Each method on a math prompt: Next round clicked 3 times, click -> script idle (the
     first click of a method builds its session's first round only: the prefill ran when the
