@@ -104,9 +104,7 @@ class Target:
     def vocab_size(self) -> int:
         """Token ids the target can read or predict: its logits' width, or the tokenizer's
         length where that is larger (added tokens)."""
-        tok = self.tokenizer
-        n_tok = len(tok) if hasattr(tok, "__len__") else int(getattr(tok, "vocab_size", 0) or 0)
-        return max(int(getattr(self.text_config, "vocab_size", 0) or 0), n_tok)
+        return max(int(getattr(self.text_config, "vocab_size", 0) or 0), len(self.tokenizer))
 
     @property
     def max_context(self) -> int:

@@ -227,10 +227,10 @@ class Trace:
             if len(text) > MAX_TRACE_BYTES:
                 raise TraceError(f"the trace file is too large (over {MAX_TRACE_BYTES >> 20} MB)")
             try:
-                text = text.decode("utf-8-sig")
+                text = text.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise TraceError("the trace file is not UTF-8 text") from exc
-        text = text.lstrip("\ufeff")
+        text = text.removeprefix("\ufeff")   # a byte-order mark, from bytes or text
         if not text.strip():
             raise TraceError("the trace file is empty")
         try:

@@ -25,6 +25,9 @@ class ToyTokenizer:
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
 
+    def __len__(self) -> int:   # as a transformers tokenizer: its vocabulary, added tokens too
+        return self.vocab_size
+
     def __call__(self, text, add_special_tokens=True):
         ids = [int(w[1:]) % self.vocab_size for w in text.split() if w[1:].isdigit()]
         return {"input_ids": ids or [2]}
