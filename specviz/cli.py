@@ -19,6 +19,8 @@ from pathlib import Path
 
 from .cli_data import (add_train_prefill, add_train_prompts, add_train_rollouts,
                        add_train_soft_labels, add_train_store)
+from .cli_served import (add_bench_endpoints, add_serve_vllm, add_served, endpoint_runs,
+                         served_throughput)
 from .cli_train import (add_eval, add_train_dflash, add_train_finetune, add_train_gate_probe,
                         add_train_retrace)
 from .errors import SpecvizError
@@ -131,10 +133,15 @@ def cmd_bench(args) -> int:
     # the registry's checks, before the model loads
     params = check_methods(methods, _bench_params(args))
     target = _load_decoding_target(args)
-    bar, progress = _progress_bar(len(prompts) * len(set(methods) | {"ar"}))
+    served = endpoint_runs(args, target, settings)   # checked before the long run; None: none
+    runs = len(set(methods) | {"ar"}) + len(served.labels if served else [])
+    bar, progress = _progress_bar(len(prompts) * runs)
     result = run_bench(target, methods, prompts, settings, method_params=params, progress=progress,
-                       traces_dir=Path(args.out) / "traces" if args.save_traces else None)
+                       traces_dir=Path(args.out) / "traces" if args.save_traces else None,
+                       extra_runs=served)
     bar.close()
+    if served:
+        served_throughput(args, target, served, prompts, settings, result)
     _print_bench(result, result.save(args.out))
     return 0
 
@@ -192,6 +199,14 @@ def _print_bench(result, paths: dict) -> None:
 
     print(format_table(result.table()))
     print(result.verdict().message)
+    print("accepted length (tokens committed per round): share of rounds")
+    for m, hist in (result.meta.get("accepted_length_histogram") or {}).items():
+        n = sum(hist.values()) or 1
+        print(f"  {m:<14}" + "  ".join(f"{k}:{v / n:.0%}" for k, v in
+                                        sorted(hist.items(), key=lambda kv: int(kv[0]))))
+    if result.meta.get("throughput"):
+        print("served throughput (every prompt once, N requests in flight)")
+        print(format_table(result.meta["throughput"]))
     vc = result.meta.get("verify_cost")
     if vc:
         print(f"verify cost on this machine ({vc['kind']}; a one-token step {vc['step_ms']} ms): "
@@ -306,6 +321,7 @@ def _add_show_and_bench(sub, methods: str, epilog: str) -> None:
     p.add_argument("--out", default="bench-out")
     p.add_argument("--save-traces", action="store_true",
                    help="also save every run's trace under OUT/traces/METHOD/CATEGORY/")
+    add_bench_endpoints(p)
     p.set_defaults(func=cmd_bench)
 
 
@@ -341,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_retrace(tsub)
     add_train_gate_probe(tsub)
     add_train_finetune(tsub)
+    add_serve_vllm(sub)
+    add_served(sub)
     sub.add_parser("prepare", help="convert and cache the embedded model").set_defaults(
         func=cmd_prepare)
     return ap
