@@ -273,10 +273,15 @@ def iter_side_by_side(target, methods: list[str], prompts: list[PromptItem], set
 def run_bench(target, methods: list[str], prompts: list[PromptItem], settings,
               method_params: dict[str, dict] | None = None,
               progress: Callable[[int, int, str], None] | None = None,
-              check_near_ties: bool = True, traces_dir: str | Path | None = None) -> BenchResult:
+              check_near_ties: bool = True, traces_dir: str | Path | None = None,
+              extra_runs: Callable[[PromptItem], Iterable[tuple[str, object, float]]] | None
+              = None) -> BenchResult:
     """Run AR plus every method on every prompt (interleaved), returning per-prompt rows;
     ``traces_dir``: also save every run's trace as ``{method}/{category}/{prompt id}.json``
-    (for the alignment analysis and the app's trace pages)."""
+    (for the alignment analysis and the app's trace pages). ``extra_runs(item)`` yields
+    ``(method, trace, wall_s)`` of runs made elsewhere on the same prompt (a served endpoint,
+    :mod:`specviz.served.bench`; its ``labels`` attribute names them), right after that
+    prompt's local runs; they are compared with AR and recorded like the local ones."""
     from .analysis.lossless import compare_outputs
 
     order = ["ar"] + [m for m in dict.fromkeys(m.strip().lower() for m in methods) if m and m != "ar"]
@@ -288,24 +293,37 @@ def run_bench(target, methods: list[str], prompts: list[PromptItem], settings,
                                "kernels": getattr(target.kernels, "summary", lambda: None)(),
                                "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                "provenance": provenance()})
-    total = len(order) * len(prompts)
-    ar_ids = None
-    for item, m, sess, wall in iter_side_by_side(target, order, prompts, settings, method_params):
-        out_ids = sess.generated
-        row = bench_row(item, m, sess.rounds, out_ids, wall)
+    extra = list(getattr(extra_runs, "labels", []))   # the served runs' method names
+    result.meta["methods"] = order + extra
+    total = (len(order) + len(extra)) * len(prompts)
+    ar_ids: list[int] = []
+
+    def record(item, m, rounds, prompt_ids, out_ids, wall, make_trace):
+        nonlocal ar_ids
+        row = bench_row(item, m, rounds, out_ids, wall)
         if m == "ar":
             ar_ids = out_ids
         elif settings.greedy:
             row.identical_to_ar = out_ids == ar_ids
             if check_near_ties and not row.identical_to_ar:
-                row.near_tie = compare_outputs(target, sess.prompt_ids, ar_ids, out_ids).near_tie
+                row.near_tie = compare_outputs(target, prompt_ids, ar_ids, out_ids).near_tie
         result.rows.append(row)
+        hist = result.meta.setdefault("accepted_length_histogram", {}).setdefault(m, {})
+        for r in rounds:
+            hist[str(len(r.committed))] = hist.get(str(len(r.committed)), 0) + 1
         if traces_dir is not None:
             folder = Path(traces_dir) / m / (item.category or "prompts")
             folder.mkdir(parents=True, exist_ok=True)
-            sess.trace().save(folder / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', str(item.id))}.json")
+            make_trace().save(folder / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', str(item.id))}.json")
         if progress:
             progress(len(result.rows), total, f"{m} on {item.id}")
+
+    for item, m, sess, wall in iter_side_by_side(target, order, prompts, settings, method_params):
+        record(item, m, sess.rounds, sess.prompt_ids, sess.generated, wall, sess.trace)
+        if extra_runs is not None and m == order[-1]:
+            for label, trace, xwall in extra_runs(item):
+                record(item, label, trace.rounds, trace.prompt_ids, trace.output_ids, xwall,
+                       lambda trace=trace: trace)
     from .costs import cached_model
 
     curve = cached_model(target)   # measured before the first run, refined by every round
