@@ -111,10 +111,14 @@ class Round:
     @property
     def kind(self) -> str:
         """``nodraft`` (a plain decoding step), ``bonus`` (the whole draft depth accepted, the
-        target's token follows it) or ``correction`` (the target's token replaces a rejection)."""
-        if not self.draft:
+        target's token follows it) or ``correction`` (the target's token replaces a rejection).
+        A served round whose drafted tokens are not reported takes its depth from
+        ``extras.served.drafted``."""
+        served = (self.extras or {}).get("served") or {}
+        depth = max(self.draft_depth, int(served.get("drafted") or 0))
+        if depth == 0:
             return "nodraft"
-        return "bonus" if self.accepted >= self.draft_depth else "correction"
+        return "bonus" if self.accepted >= depth else "correction"
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -101,6 +101,14 @@ class RetraceInfo(_Record):
     gate_off: bool | None = None
 
 
+class Served(_Record):
+    """A served run's verify step (:mod:`specviz.served.rebuild`): vLLM's step number, how many
+    tokens it drafted, whether the drafted tokens are rebuilt (else: counts only)."""
+    step: Count | None = None
+    drafted: Annotated[int, Field(ge=0, le=MAX_NODES)] = 0
+    rebuilt: bool = True
+
+
 class Extras(_Record):
     """What a drafter recorded of its round; every key a view reads, declared."""
     match: Match | None = None
@@ -124,6 +132,7 @@ class Extras(_Record):
     tree_slots: list[Count] | None = None
     tree_ranks: list[Count] | None = None
     retrace: RetraceInfo | None = None
+    served: Served | None = None
 
 
 class RoundRecord(_Record):
@@ -167,6 +176,16 @@ class CostCurve(_Record):
     raw: list[Annotated[list[Number], Field(min_length=2, max_length=3)]] | None = None
 
 
+class ServedMeta(_Record):
+    """Where a served run came from and how far its rounds could be rebuilt."""
+    endpoint: str | None = None
+    engine: str | None = None
+    served_model: str | None = None
+    speculative: dict[str, Any] | None = None
+    rebuild: dict[str, Any] | None = None
+    wall_s: Seconds | None = None
+
+
 class Meta(_Record):
     model: str | None = None
     method: str | None = None
@@ -183,6 +202,7 @@ class Meta(_Record):
     cost_model: CostCurve | None = None
     created: str | None = None
     vocab_size: Annotated[int, Field(ge=1, le=MAX_ID)] | None = None
+    served: ServedMeta | None = None
 
 
 class TraceRecord(_Record):
