@@ -12,6 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from tests.browser_support import browser, server  # noqa: E402,F401 (one app server per run)
+from tests.served_support import start_vllm_early, vllm_server  # noqa: E402,F401
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
@@ -283,3 +284,8 @@ def counted_lossless_run(monkeypatch, target, drafter, ids, settings):
     ar = generate(target, "ar", ids, settings)
     assert compare_outputs(target, ids, ar.output_ids, tr.output_ids).ok
     return tr, len(calls)
+
+
+def pytest_collection_finish(session):
+    """Start the vLLM server now if a selected test needs it (it answers a minute or two later)."""
+    start_vllm_early(session)

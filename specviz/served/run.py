@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from .. import __version__
+from ..errors import PromptError
 from ..trace import Trace
 from .client import (Completion, EndpointError, ServerInfo, _request, complete, normalise,
                      server_info, server_tokens)
@@ -51,7 +52,7 @@ def speculates(url: str) -> bool:
 def check_endpoint(url: str, tokenizer, timeout: float = 10.0) -> Endpoint:
     """The endpoint's server, checked (module docstring); one EndpointError sentence otherwise."""
     info = server_info(url, timeout=timeout)
-    mine = [int(t) for t in tokenizer.encode(TOKENIZER_PROBE, add_special_tokens=False)]
+    mine = [int(t) for t in tokenizer(TOKENIZER_PROBE, add_special_tokens=False)["input_ids"]]
     theirs = server_tokens(info.url, info.model, TOKENIZER_PROBE)
     if mine != theirs:
         raise EndpointError(f"the server's model {info.model!r} tokenizes text differently from "
@@ -90,8 +91,15 @@ def served_trace(target, ep: Endpoint, prompt: str | list[int], settings,
     if spec_method not in SPEC_METHODS:
         raise EndpointError(f"unknown speculative method {spec_method!r}; one of "
                             + ", ".join(SPEC_METHODS))
+    if isinstance(prompt, str) and not prompt.strip():
+        raise PromptError("the prompt is empty")
     prompt_ids = target.encode_prompt(prompt, settings.chat_template) \
         if isinstance(prompt, str) else [int(t) for t in prompt]
+    limit = ep.info.max_model_len
+    if not prompt_ids or (limit and len(prompt_ids) >= limit):
+        raise PromptError("the prompt is empty" if not prompt_ids else
+                          f"the prompt has {len(prompt_ids):,} tokens but the server's context "
+                          f"is {limit:,} tokens")
     cfg = ngram or NgramConfig(max_model_len=ep.info.max_model_len or 8192)
     c = complete(ep.info.url, ep.info.model, prompt_ids, settings.max_new_tokens,
                  settings.temperature, settings.top_p, settings.seed)

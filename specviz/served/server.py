@@ -43,8 +43,7 @@ def serve_command(model_dir: str, port: int, speculative: NgramConfig | None,
     cmd = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
            "--model", str(model_dir), "--served-model-name", served_name,
            "--host", "127.0.0.1", "--port", str(int(port)), "--dtype", "float32",
-           "--enforce-eager", "--max-model-len", str(int(max_model_len)),
-           "--disable-log-stats"]
+           "--enforce-eager", "--max-model-len", str(int(max_model_len))]
     if speculative is not None:
         cmd += ["--speculative-config", json.dumps(speculative.to_dict()),
                 "--per-request-spec-decode-metrics", "detailed"]

@@ -1,0 +1,130 @@
+"""Served runs against a real local vLLM server (tests/served_support.py starts it): served
+ngram runs become traces whose rebuilt drafts agree with vLLM's per-step counts, the greedy text
+equals specviz's own plain decoding, the CLI and the bench talk to it, and bad endpoints get one
+sentence each. vLLM's own proposer function is compared with specviz's copy of its rule."""
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+
+import pytest
+
+from specviz.engine import DecodeSettings
+from specviz.errors import PromptError
+from specviz.served.client import EndpointError
+from specviz.served.ngram_rule import NgramConfig, propose
+
+pytestmark = pytest.mark.integration
+
+VLLM_RULE = """
+import json, sys
+import numpy as np
+from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as f
+out = []
+for ctx, lo, hi, k, max_len in json.load(sys.stdin):
+    out.append(f(np.array(ctx, dtype=np.int32), lo, hi, max_len, k).tolist())
+print(json.dumps(out))
+"""
+
+
+def test_rule_equals_vllms_own_function():
+    from specviz.errors import SpecvizError
+    from specviz.served.server import vllm_python
+
+    try:
+        py = vllm_python()
+    except SpecvizError as exc:
+        pytest.skip(str(exc))
+    rng = random.Random(0)
+    cases = []
+    for _ in range(1500):
+        vocab = rng.choice([2, 3, 6, 50])
+        ctx = [rng.randrange(vocab) for _ in range(rng.randrange(1, 60))]
+        lo = rng.randint(1, 3)
+        hi = rng.randint(lo, 6)
+        cases.append([ctx, lo, hi, rng.randint(1, 10), rng.choice([4096, len(ctx) + 3])])
+    res = subprocess.run([str(py), "-c", VLLM_RULE], input=json.dumps(cases), text=True,
+                         capture_output=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    theirs = json.loads(res.stdout.strip().splitlines()[-1])
+    mine = [propose(c, NgramConfig(k, lo, hi, ml)) for c, lo, hi, k, ml in cases]
+    assert sum(bool(t) for t in theirs) > 500          # the cases exercise real matches
+    assert mine == theirs
+
+
+@pytest.fixture(scope="module")
+def endpoint(vllm_server, embedded_target):
+    from specviz.served.run import check_endpoint
+
+    return check_endpoint(vllm_server.url, embedded_target.tokenizer)
+
+
+def test_served_ngram_runs_rebuild_and_match_local_ar(endpoint, embedded_target):
+    """>= 20 prompts: every vLLM draft step is rebuilt in agreement; greedy text = specviz AR."""
+    from specviz.analysis.lossless import compare_outputs
+    from specviz.drafters import make_drafter
+    from specviz.engine import Session
+    from specviz.served.run import served_trace
+    from tests.conftest import example_prompts
+
+    assert endpoint.speculative
+    settings = DecodeSettings(max_new_tokens=32)
+    prompts = [p["prompt"] for p in example_prompts(4)]
+    assert len(prompts) >= 20
+    steps = agreed = differ = 0
+    for text in prompts:
+        tr = served_trace(embedded_target, endpoint, text, settings)
+        rb = tr.meta["served"]["rebuild"]
+        assert rb["failure"] is None, (text, rb)
+        assert rb["agreed"] == rb["steps"]
+        steps, agreed = steps + rb["steps"], agreed + rb["agreed"]
+        drafted = [r for r in tr.rounds if r.draft]
+        assert all(r.extras["served"]["rebuilt"] for r in drafted)
+        ar = Session(embedded_target, make_drafter("ar", embedded_target), text, settings).run()
+        if tr.output_ids != ar.output_ids:      # only a float near-tie may tell them apart
+            differ += 1
+            assert compare_outputs(embedded_target, ar.prompt_ids, ar.output_ids,
+                                   tr.output_ids).near_tie, text
+    print(f"\nserved ngram: {agreed}/{steps} draft steps rebuilt in agreement on "
+          f"{len(prompts)} prompts; greedy text differs from specviz AR on {differ}")
+    assert steps > 100 and agreed == steps
+
+
+def test_cli_served_and_bench_endpoint(vllm_server, tmp_path, capsys):
+    from specviz.cli import main
+    from specviz.trace import Trace
+
+    out = tmp_path / "served.json"
+    assert main(["served", "--endpoint", vllm_server.url, "--max-new-tokens", "24",
+                 "--prompt", "Count: one two three, one two three, one two", "--no-color",
+                 "--save", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "method=vllm-ngram" in text and "rebuilt drafts agree with vLLM on" in text
+    tr = Trace.load(out)
+    assert tr.meta["served"]["endpoint"] == vllm_server.url and tr.new_tokens > 0
+    assert main(["bench", "--data", "examples/prompts.jsonl:1", "--categories", "code",
+                 "--methods", "pld", "--max-new-tokens", "16", "--endpoint",
+                 f"vllm-ngram={vllm_server.url}", "--concurrency", "1,2",
+                 "--out", str(tmp_path / "b")]) == 0
+    text = capsys.readouterr().out
+    bench = json.loads((tmp_path / "b" / "bench.json").read_text())
+    assert {r["method"] for r in bench["table"]} == {"ar", "pld", "vllm-ngram"}
+    assert [r["concurrency"] for r in bench["meta"]["throughput"]] == [1, 2]
+    assert bench["meta"]["accepted_length_histogram"]["vllm-ngram"]
+    assert "served throughput" in text
+
+
+def test_bad_endpoints_and_prompts(vllm_server, endpoint, embedded_target, tiny_target):
+    from specviz.served.run import check_endpoint, served_trace
+
+    with pytest.raises(EndpointError, match="tokenizes text differently"):
+        check_endpoint(vllm_server.url, tiny_target.tokenizer)
+    with pytest.raises(PromptError, match="empty"):
+        served_trace(embedded_target, endpoint, "   ", DecodeSettings(max_new_tokens=4))
+    long_ids = [42] * (endpoint.info.max_model_len + 5)
+    with pytest.raises(PromptError, match="server's context"):
+        served_trace(embedded_target, endpoint, long_ids, DecodeSettings(max_new_tokens=4))
+    with pytest.raises(EndpointError, match="unknown speculative method"):
+        served_trace(embedded_target, endpoint, "hi", DecodeSettings(max_new_tokens=4),
+                     spec_method="magic")
