@@ -224,6 +224,8 @@ def main() -> None:
                 url_path="compare-methods"),
         st.Page("pages/trace.py", title="Open a saved trace", icon=":material/upload_file:",
                 url_path="open-trace"),
+        st.Page("pages/served.py", title="Served run (vLLM)", icon=":material/dns:",
+                url_path="served-run"),
         st.Page("pages/adapld.py", title="AdaPLD: where drafts come from",
                 icon=":material/account_tree:", url_path="adapld-drafts"),
         st.Page("pages/retrace.py", title="ReTrace: rejected suffixes",

@@ -43,7 +43,7 @@ def cmd_serve_vllm(args) -> int:
 def cmd_served(args) -> int:
     from .cli import _load_decoding_target, print_summary, render_terminal
     from .engine import DecodeSettings
-    from .served.run import check_endpoint, served_trace
+    from .served.run import agreement, check_endpoint, served_trace
 
     prompt = args.prompt
     if args.prompt_file:
@@ -64,22 +64,10 @@ def cmd_served(args) -> int:
         or args.color
     print(render_terminal(trace, color=color, show_rejected=not args.hide_rejected))
     print_summary(trace)
-    print(agreement_line(trace))
+    print(agreement(trace)[1])
     if args.save:
         print(f"trace saved to {trace.save(args.save)}")
     return 0
-
-
-def agreement_line(trace) -> str:
-    """One line: how many of vLLM's draft steps the rebuild reproduced, and the first that not."""
-    served = trace.meta.get("served") or {}
-    rb = served.get("rebuild") or {}
-    if not served.get("speculative"):
-        return "served without speculation: every round is a plain step"
-    if not rb.get("rebuilt", True) and rb.get("agreed", 0) == 0:
-        return f"counts only: {rb.get('failure')}"
-    line = f"rebuilt drafts agree with vLLM on {rb.get('agreed')} of {rb.get('steps')} draft steps"
-    return line + (f"; {rb['failure']}" if rb.get("failure") else "")
 
 
 def _ngram_args(p) -> None:

@@ -128,3 +128,55 @@ def test_bad_endpoints_and_prompts(vllm_server, endpoint, embedded_target, tiny_
     with pytest.raises(EndpointError, match="unknown speculative method"):
         served_trace(embedded_target, endpoint, "hi", DecodeSettings(max_new_tokens=4),
                      spec_method="magic")
+
+
+def test_served_page_apptest(vllm_server):
+    """The Served-run page through its real widgets: one prompt, then an example set, then an
+    endpoint nobody answers (one red sentence)."""
+    from tests.test_app import assert_clean, new_app
+
+    at = new_app()
+    at.number_input(key="max_new_tokens").set_value(20).run()
+    at.switch_page("pages/served.py").run()
+    assert_clean(at)
+    at.text_input(key="sv_url").set_value(vllm_server.url).run()
+    at.button(key="sv_run").click().run()
+    assert_clean(at)
+    runs = at.session_state["sv_runs"]
+    assert len(runs) == 1 and runs[0][1].meta["method"] == "vllm-ngram"
+    assert any("Agreement check" in s.value for s in at.success)
+    at.radio(key="sv_set").set_value("A small example set").run()
+    at.multiselect(key="sv_cats").set_value(["code", "math"]).run()
+    at.number_input(key="sv_per_cat").set_value(1).run()
+    at.button(key="sv_run").click().run()
+    assert_clean(at)
+    table = at.dataframe[0].value
+    assert list(table["prompt"]) == ["code-01", "math-01"]
+    assert (table["agreed"] == table["draft_steps"]).all()
+    at.text_input(key="sv_url").set_value("http://127.0.0.1:9").run()
+    at.button(key="sv_run").click().run()
+    assert not at.exception and any("cannot reach" in e.value for e in at.error)
+
+
+@pytest.mark.browser
+def test_served_page_in_the_browser(server, browser, vllm_server):
+    """The Served-run page in Chromium: send the sidebar's prompt to the real vLLM server, see
+    the rounds in the token view and the agreement check."""
+    from tests.browser_support import ARTIFACTS, IDLE, open_page
+
+    page = browser.new_page(viewport={"width": 1440, "height": 1100})
+    try:
+        open_page(page, server, "Served run (vLLM)")
+        page.get_by_role("button", name="Send to the endpoint").wait_for(timeout=120_000)
+        box = page.get_by_role("textbox", name="Endpoint")
+        box.fill(vllm_server.url)
+        box.press("Enter")
+        page.wait_for_selector(IDLE, timeout=60_000)
+        page.get_by_role("button", name="Send to the endpoint").click()
+        page.get_by_text("Agreement check").wait_for(timeout=240_000)
+        page.wait_for_selector(".specviz-tokens .tok", timeout=60_000)
+        page.wait_for_selector(IDLE, timeout=60_000)
+        assert page.locator("[data-testid='stException']").count() == 0
+        page.screenshot(path=str(ARTIFACTS / "served-run.png"), full_page=True)
+    finally:
+        page.close()

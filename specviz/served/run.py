@@ -141,3 +141,26 @@ def completion_trace(target, ep: Endpoint, c: Completion, prompt_text: str | Non
     }
     return Trace(meta=meta, prompt_ids=list(c.prompt_ids), rounds=rb.rounds,
                  token_texts={i: tok.decode([i], skip_special_tokens=False) for i in sorted(ids)})
+
+
+def agreement(trace: Trace) -> tuple[bool | None, str]:
+    """(all steps rebuilt in agreement? None: nothing to rebuild, one line) of a served trace."""
+    served = trace.meta.get("served") or {}
+    rb = served.get("rebuild") or {}
+    if not served.get("speculative"):
+        return None, "served without speculation: every round is a plain step"
+    if not rb.get("rebuilt", True) and rb.get("agreed", 0) == 0:
+        return None, f"counts only: {rb.get('failure')}"
+    line = (f"rebuilt drafts agree with vLLM on {rb.get('agreed')} of {rb.get('steps')} draft "
+            "steps")
+    ok = not rb.get("failure")
+    return ok, line + (f"; {rb['failure']}" if not ok else "")
+
+
+def served_row(name: str, trace: Trace) -> dict:
+    """One row of a table of served runs (the Served-run page, per prompt)."""
+    rb = (trace.meta.get("served") or {}).get("rebuild") or {}
+    return {"prompt": name, "new_tokens": trace.new_tokens, "rounds": trace.num_rounds,
+            "tau": round(trace.tau, 3), "tokens_per_s": round(trace.tokens_per_s, 2),
+            "draft_steps": rb.get("steps", 0), "agreed": rb.get("agreed", 0),
+            "stop": trace.meta.get("stop_reason")}

@@ -87,14 +87,18 @@ def fig_position_acceptance(trace: Trace) -> go.Figure:
 
 def fig_accepted_hist(trace: Trace) -> go.Figure:
     """How many rounds accepted 0, 1, 2, ... draft tokens."""
-    lengths = accepted_lengths(trace)
+    return fig_accepted_lengths(accepted_lengths(trace))
+
+
+def fig_accepted_lengths(lengths: list[int]) -> go.Figure:
+    """The histogram of accepted lengths of any set of rounds (one run, or several)."""
     top = max(lengths, default=0)
     counts = [lengths.count(k) for k in range(top + 1)]
     fig = go.Figure()
     fig.add_bar(x=list(range(top + 1)), y=counts, marker_color=CHART_COLORS["hist"],
                 hovertemplate="%{y} round(s) accepted %{x} token(s)<extra></extra>")
     _layout(fig, "Histogram of accepted lengths", "accepted draft tokens in a round", "rounds",
-            empty=not trace.rounds)
+            empty=not lengths)
     fig.update_xaxes(dtick=1)
     if max(counts, default=0) <= 10:
         fig.update_yaxes(dtick=1)  # counts are whole numbers
