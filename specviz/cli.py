@@ -23,11 +23,9 @@ from .cli_served import (add_bench_endpoints, add_serve_vllm, add_served, endpoi
                          served_throughput)
 from .cli_train import (add_eval, add_train_dflash, add_train_finetune, add_train_gate_probe,
                         add_train_retrace)
+from .cli_common import (common_args, display_args, load_decoding_target, print_summary,
+                         render_terminal)
 from .errors import SpecvizError
-
-GREEN, YELLOW, CYAN, RED, DIM, STRIKE, BOLD, RESET = (
-    "\x1b[32m", "\x1b[33m", "\x1b[36m", "\x1b[31m", "\x1b[2m", "\x1b[9m", "\x1b[1m", "\x1b[0m")
-
 
 def parse_params(method: str, pairs: list[str] | None) -> dict:
     """``--param key=value`` pairs of ``method`` → its settings, each typed by the method's
@@ -35,40 +33,6 @@ def parse_params(method: str, pairs: list[str] | None) -> dict:
     from .drafters import method_spec
 
     return method_spec(method).parse(pairs)
-
-
-def render_terminal(trace, color: bool = True, show_rejected: bool = True) -> str:
-    """The generated text with each token coloured by its fate in its round (the same token
-    views the app draws: :func:`specviz.viz.tokens.token_views`)."""
-    from .viz.tokens import token_views
-
-    style = {"accepted": GREEN, "rejected": RED + DIM + STRIKE, "bonus": CYAN}
-    views = token_views(trace, rejected="all" if show_rejected and color else "none")
-    if not color:
-        return "".join(v.text for v in views)
-    return "".join(f"{style.get(v.kind, YELLOW)}{v.text}{RESET}" for v in views)
-
-
-def print_summary(trace, file=None) -> None:
-    """One line of headline numbers: :meth:`Trace.summary` (specviz.metrics)."""
-    file = file or sys.stdout
-    s = trace.summary()
-    print(f"\nmethod={s['method']}  tau={s['tau']:.2f} (tokens/round)  "
-          f"target forwards={s['target_forwards']}  "
-          f"new tokens={s['new_tokens']}  decode {s['decode_time_s']:.2f}s  "
-          f"({s['tokens_per_s']:.1f} tok/s)  stop={trace.meta.get('stop_reason')}", file=file)
-
-
-def _load_decoding_target(args):
-    """The target for decoding commands, with one line on its measured numerics (stderr)."""
-    from .models import load_target
-
-    target = load_target(args.model, device=args.device, dtype=args.target_dtype)
-    if target.numerics is not None:
-        print(f"target numerics: {target.numerics.summary()}", file=sys.stderr)
-    if target.kernels is not None:
-        print(f"target linears: {target.kernels.summary()}", file=sys.stderr)
-    return target
 
 
 def cmd_prepare(args) -> int:
@@ -97,7 +61,7 @@ def cmd_run(args) -> int:
     if not prompt.strip():
         raise SpecvizError("the prompt is empty")
     params = parse_params(args.method, args.param)
-    target = _load_decoding_target(args)
+    target = load_decoding_target(args)
     drafter = make_drafter(args.method, target, **params)
     sess = Session(target, drafter, prompt, settings, method=args.method)
     trace = sess.run()
@@ -132,7 +96,7 @@ def cmd_bench(args) -> int:
     methods = [m.strip().lower() for m in args.methods.split(",") if m.strip()]
     # the registry's checks, before the model loads
     params = check_methods(methods, _bench_params(args))
-    target = _load_decoding_target(args)
+    target = load_decoding_target(args)
     served = endpoint_runs(args, target, settings)   # checked before the long run; None: none
     runs = len(set(methods) | {"ar"}) + len(served.labels if served else [])
     bar, progress = _progress_bar(len(prompts) * runs)
@@ -263,29 +227,10 @@ def cmd_align(args) -> int:
     return 0
 
 
-def _common(p) -> None:
-    p.add_argument("--model", default="default",
-                   help="'default' (embedded SmolLM2-135M-Instruct), a HF id or a local folder")
-    p.add_argument("--device", default=None, help="cpu / cuda (default: cuda if present)")
-    p.add_argument("--target-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
-                   help="auto: on a CPU, bfloat16 where it is measured faster and its logits are "
-                        "width-invariant (lossless), else float32; bfloat16 on a GPU")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
-
-
-def _display(p) -> None:
-    p.add_argument("--color", action="store_true", help="force colours")
-    p.add_argument("--no-color", action="store_true")
-    p.add_argument("--hide-rejected", action="store_true", help="do not print rejected suffixes")
-
-
 def _add_run(sub, methods: str, epilog: str) -> None:
     p = sub.add_parser("run", help="decode one prompt and show accepted/rejected tokens",
                        epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _common(p)
+    common_args(p)
     p.add_argument("--method", default="pld", help=f"one of: {methods} (default pld)")
     p.add_argument("--prompt")
     p.add_argument("--prompt-file")
@@ -294,18 +239,18 @@ def _add_run(sub, methods: str, epilog: str) -> None:
                         "below)")
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--save", help="write the trace JSON here")
-    _display(p)
+    display_args(p)
     p.set_defaults(func=cmd_run)
 
 
 def _add_show_and_bench(sub, methods: str, epilog: str) -> None:
     p = sub.add_parser("show", help="print a saved trace")
     p.add_argument("trace")
-    _display(p)
+    display_args(p)
     p.set_defaults(func=cmd_show)
     p = sub.add_parser("bench", help="run methods side by side with the AR baseline",
                        epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _common(p)
+    common_args(p)
     p.add_argument("--methods", default="ar,pld",
                    help=f"comma-separated, from: {methods} (AR always runs); METHOD@LABEL runs "
                    "a method again under another name with its own --params, e.g. "

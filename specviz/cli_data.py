@@ -36,6 +36,8 @@ def cmd_train_rollouts(args) -> int:
     tc = target.text_config
     layers = parse_layers(args.layers, int(tc.num_hidden_layers), k=args.num_features)
     print(f"{len(items)} prompts; tapped target layers {layers}; out {out}")
+    if args.engine == "vllm":
+        return _rollouts_with_vllm(args, target, items, layers, out)
     res = make_rollouts(target, items, out, max_new_tokens=args.max_new_tokens,
                         batch_size=args.batch_size, layer_ids=layers, holdout=args.holdout,
                         store_dtype=args.dtype, temperature=args.temperature, seed=args.seed,
@@ -45,6 +47,32 @@ def cmd_train_rollouts(args) -> int:
     print(f"generated {res['generated']} rollouts ({res['new_tokens']} tokens, "
           f"{res['tokens_per_s']:.1f} tok/s), skipped {res['skipped']} (done or too long); "
           f"{res['total']} in {out}/manifest.jsonl")
+    return 0
+
+
+def _rollouts_with_vllm(args, target, items, layers, out: Path) -> int:
+    """``--engine vllm``: replies from vLLM's batched engine, labels from one specviz prefill
+    (:mod:`specviz.served.rollouts`)."""
+    from .models import embedded_model_dir
+    from .served.rollouts import vllm_token_texts
+    from .train.prefill import make_prefill_set
+    from .train.rollout_store import read_manifest
+
+    if args.holdout:
+        print("--engine vllm writes a prefill-labelled set (every row 'train'); measure "
+              "held-out tau on a greedy rollouts folder of its own")
+    model = str(embedded_model_dir()) if args.model == "default" else args.model
+    done = {r["key"] for r in read_manifest(out)}
+    texts, rep = vllm_token_texts(target, items, model, args.max_new_tokens, args.temperature,
+                                  args.seed, False if args.no_chat_template else None, done,
+                                  args.max_prompt_tokens)
+    print(f"vLLM generated {rep.new_tokens} tokens for {len(texts)} prompts in "
+          f"{rep.generate_s:.1f} s ({rep.tokens_per_s:.1f} tok/s; engine start {rep.load_s:.0f} s)")
+    res = make_prefill_set(target, texts, out, layer_ids=layers, store_dtype=args.dtype,
+                           model_name=args.model, max_tokens=max(768, max(
+                               (len(t.ids) for t in texts), default=0)), show_bar=True)
+    print(f"prefilled {res['texts']} rollouts ({res['tokens']} tokens, "
+          f"{res['tokens_per_s']:.0f} tok/s); {res['total']} in {out}/manifest.jsonl")
     return 0
 
 
@@ -179,6 +207,9 @@ def add_train_rollouts(tsub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-prompt-tokens", type=int, default=None)
     p.add_argument("--no-chat-template", action="store_true")
+    p.add_argument("--engine", choices=("specviz", "vllm"), default="specviz",
+                   help="vllm: replies from vLLM's batched engine (.venv-vllm), hidden states "
+                        "and exact labels from one specviz prefill over prompt + reply")
     p.set_defaults(func=cmd_train_rollouts)
 
 

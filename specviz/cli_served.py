@@ -41,7 +41,7 @@ def cmd_serve_vllm(args) -> int:
 
 
 def cmd_served(args) -> int:
-    from .cli import _load_decoding_target, print_summary, render_terminal
+    from .cli_common import load_decoding_target, print_summary, render_terminal
     from .engine import DecodeSettings
     from .served.run import agreement, check_endpoint, served_trace
 
@@ -56,7 +56,7 @@ def cmd_served(args) -> int:
     settings = DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               top_p=args.top_p, seed=args.seed,
                               chat_template=False if args.no_chat_template else None).validate()
-    target = _load_decoding_target(args)
+    target = load_decoding_target(args)
     ep = check_endpoint(args.endpoint, target.tokenizer)
     trace = served_trace(target, ep, prompt, settings, args.spec_method,
                          ngram_config(args, ep.info.max_model_len))
@@ -92,11 +92,11 @@ def add_serve_vllm(sub) -> None:
 
 
 def add_served(sub) -> None:
-    from .cli import _common, _display
+    from .cli_common import common_args, display_args
     from .served.client import DEFAULT_ENDPOINT
 
     p = sub.add_parser("served", help="one prompt through a vLLM endpoint, shown as a trace")
-    _common(p)
+    common_args(p)
     p.add_argument("--endpoint", default=DEFAULT_ENDPOINT, help="http://HOST:PORT of the server")
     p.add_argument("--spec-method", default="ngram",
                    help="the server's speculative method: ngram (drafts rebuilt) or eagle, "
@@ -106,7 +106,7 @@ def add_served(sub) -> None:
     p.add_argument("--prompt-file")
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--save", help="write the trace JSON here")
-    _display(p)
+    display_args(p)
     p.set_defaults(func=cmd_served)
 
 

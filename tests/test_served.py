@@ -175,16 +175,16 @@ def test_unreachable_endpoint_is_one_sentence():
 
 def test_speculating_server_without_detailed_metrics():
     from specviz.served.client import Completion, ServerInfo
-    from specviz.served.run import Endpoint, _spec_counts
+    from specviz.served.run import Endpoint, spec_counts
 
     ep = Endpoint(ServerInfo("http://h:1", "m", 100), speculative=True)
     c = Completion([1], [2, 3], "length", None, 0.1)
     with pytest.raises(EndpointError, match="per-request-spec-decode-metrics detailed"):
-        _spec_counts(c, ep)
+        spec_counts(c, ep)
     c.spec = {"mean_acceptance_length": 1.5}
     with pytest.raises(EndpointError, match="only summary counts"):
-        _spec_counts(c, ep)
-    assert _spec_counts(Completion([1], [2], "length", None, 0.1),
+        spec_counts(c, ep)
+    assert spec_counts(Completion([1], [2], "length", None, 0.1),
                         Endpoint(ep.info, speculative=False)) is None
 
 

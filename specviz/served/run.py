@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from .. import __version__
 from ..errors import PromptError
 from ..trace import Trace
-from .client import (Completion, EndpointError, ServerInfo, _request, complete, normalise,
+from .client import (Completion, EndpointError, ServerInfo, complete, normalise,
                      server_info, server_tokens)
 from .ngram_rule import NgramConfig
 from .rebuild import Rebuild, StepCounts, counts_only, rebuild_ngram
@@ -61,7 +61,7 @@ def check_endpoint(url: str, tokenizer, timeout: float = 10.0) -> Endpoint:
     return Endpoint(info, speculates(info.url))
 
 
-def _spec_counts(c: Completion, ep: Endpoint) -> StepCounts | None:
+def spec_counts(c: Completion, ep: Endpoint) -> StepCounts | None:
     if c.spec is None:
         if ep.speculative:
             raise EndpointError(f"the server at {ep.info.url} speculates but reports no "
@@ -110,7 +110,7 @@ def served_trace(target, ep: Endpoint, prompt: str | list[int], settings,
 def completion_trace(target, ep: Endpoint, c: Completion, prompt_text: str | None, settings,
                      spec_method: str, cfg: NgramConfig) -> Trace:
     """The Trace of an answered completion (rounds rebuilt, meta.served filled)."""
-    counts = _spec_counts(c, ep)
+    counts = spec_counts(c, ep)
     rb = rebuild(c, counts, spec_method, cfg)
     per_round = c.wall_s / max(1, len(rb.rounds))
     for r in rb.rounds:

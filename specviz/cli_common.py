@@ -1,0 +1,62 @@
+"""Command line pieces shared by the decoding commands (``run``, ``show``, ``bench``,
+``served``): the coloured terminal view of a trace, its summary line, the target loader and the
+shared options. Entry point and error rule: :mod:`specviz.cli`."""
+from __future__ import annotations
+
+import sys
+
+GREEN, YELLOW, CYAN, RED, DIM, STRIKE, BOLD, RESET = (
+    "\x1b[32m", "\x1b[33m", "\x1b[36m", "\x1b[31m", "\x1b[2m", "\x1b[9m", "\x1b[1m", "\x1b[0m")
+
+
+def render_terminal(trace, color: bool = True, show_rejected: bool = True) -> str:
+    """The generated text with each token coloured by its fate in its round (the same token
+    views the app draws: :func:`specviz.viz.tokens.token_views`)."""
+    from .viz.tokens import token_views
+
+    style = {"accepted": GREEN, "rejected": RED + DIM + STRIKE, "bonus": CYAN}
+    views = token_views(trace, rejected="all" if show_rejected and color else "none")
+    if not color:
+        return "".join(v.text for v in views)
+    return "".join(f"{style.get(v.kind, YELLOW)}{v.text}{RESET}" for v in views)
+
+
+def print_summary(trace, file=None) -> None:
+    """One line of headline numbers: :meth:`Trace.summary` (specviz.metrics)."""
+    file = file or sys.stdout
+    s = trace.summary()
+    print(f"\nmethod={s['method']}  tau={s['tau']:.2f} (tokens/round)  "
+          f"target forwards={s['target_forwards']}  "
+          f"new tokens={s['new_tokens']}  decode {s['decode_time_s']:.2f}s  "
+          f"({s['tokens_per_s']:.1f} tok/s)  stop={trace.meta.get('stop_reason')}", file=file)
+
+
+def load_decoding_target(args):
+    """The target for decoding commands, with one line on its measured numerics (stderr)."""
+    from .models import load_target
+
+    target = load_target(args.model, device=args.device, dtype=args.target_dtype)
+    if target.numerics is not None:
+        print(f"target numerics: {target.numerics.summary()}", file=sys.stderr)
+    if target.kernels is not None:
+        print(f"target linears: {target.kernels.summary()}", file=sys.stderr)
+    return target
+
+
+def common_args(p) -> None:
+    p.add_argument("--model", default="default",
+                   help="'default' (embedded SmolLM2-135M-Instruct), a HF id or a local folder")
+    p.add_argument("--device", default=None, help="cpu / cuda (default: cuda if present)")
+    p.add_argument("--target-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="auto: on a CPU, bfloat16 where it is measured faster and its logits are "
+                        "width-invariant (lossless), else float32; bfloat16 on a GPU")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def display_args(p) -> None:
+    p.add_argument("--color", action="store_true", help="force colours")
+    p.add_argument("--no-color", action="store_true")
+    p.add_argument("--hide-rejected", action="store_true", help="do not print rejected suffixes")
