@@ -65,7 +65,7 @@ def _rollouts_with_vllm(args, target, items, layers, out: Path) -> int:
     done = {r["key"] for r in read_manifest(out)}
     texts, rep = vllm_token_texts(target, items, model, args.max_new_tokens, args.temperature,
                                   args.seed, False if args.no_chat_template else None, done,
-                                  args.max_prompt_tokens)
+                                  args.max_prompt_tokens, args.endpoint)
     print(f"vLLM generated {rep.new_tokens} tokens for {len(texts)} prompts in "
           f"{rep.generate_s:.1f} s ({rep.tokens_per_s:.1f} tok/s; engine start {rep.load_s:.0f} s)")
     res = make_prefill_set(target, texts, out, layer_ids=layers, store_dtype=args.dtype,
@@ -210,6 +210,9 @@ def add_train_rollouts(tsub) -> None:
     p.add_argument("--engine", choices=("specviz", "vllm"), default="specviz",
                    help="vllm: replies from vLLM's batched engine (.venv-vllm), hidden states "
                         "and exact labels from one specviz prefill over prompt + reply")
+    p.add_argument("--endpoint", default=None,
+                   help="with --engine vllm: a running vLLM server's URL instead of vLLM's "
+                        "offline engine")
     p.set_defaults(func=cmd_train_rollouts)
 
 

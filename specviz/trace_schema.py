@@ -109,6 +109,14 @@ class Served(_Record):
     rebuilt: bool = True
 
 
+class Selector(_Record):
+    """DFlash2's candidate selector in a round: each slot's top-K candidates, their unary
+    logits and the index the walk chose (:mod:`specviz.drafters.dflash.dflash2`)."""
+    candidates: Rows = []
+    unary: list[list[Number]] = []
+    path: list[Count] = []
+
+
 class Extras(_Record):
     """What a drafter recorded of its round; every key a view reads, declared."""
     match: Match | None = None
@@ -133,6 +141,7 @@ class Extras(_Record):
     tree_ranks: list[Count] | None = None
     retrace: RetraceInfo | None = None
     served: Served | None = None
+    selector: Selector | None = None
 
 
 class RoundRecord(_Record):

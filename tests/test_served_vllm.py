@@ -180,3 +180,31 @@ def test_served_page_in_the_browser(server, browser, vllm_server):
         page.screenshot(path=str(ARTIFACTS / "served-run.png"), full_page=True)
     finally:
         page.close()
+
+
+def test_rollouts_from_the_served_engine(vllm_server, embedded_target, tmp_path, capsys):
+    """``train rollouts --engine vllm --endpoint``: replies from the real server, labels from
+    one specviz prefill; the folder reads as a rollout set and its replies are the greedy ones."""
+    from specviz.cli import main
+    from specviz.drafters import make_drafter
+    from specviz.engine import Session
+    from specviz.train.rollout_store import RolloutSet
+
+    data = tmp_path / "p.jsonl"
+    rows = [{"id": f"r{i}", "category": "t", "prompt": p} for i, p in enumerate(
+        ["Name three colours.", "What is 12 + 30?", "Say hello in French."])]
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "roll"
+    assert main(["train", "rollouts", "--engine", "vllm", "--endpoint", vllm_server.url,
+                 "--data", str(data), "--out", str(out), "--max-new-tokens", "12",
+                 "--holdout", "0"]) == 0
+    assert "vLLM generated" in capsys.readouterr().out
+    rs = RolloutSet(out)
+    assert len(rs) == 3
+    for i, r in enumerate(rs.rows):
+        toks, _, plen = rs.load(i)
+        prompt = next(x["prompt"] for x in rows if r["key"].endswith(":" + x["id"]))
+        ar = Session(embedded_target, make_drafter("ar", embedded_target), prompt,
+                     DecodeSettings(max_new_tokens=12)).run()
+        assert toks.tolist()[:plen] == ar.prompt_ids
+        assert toks.tolist()[plen:] == ar.output_ids

@@ -107,4 +107,15 @@ def describe_extras(r: Round) -> str:
         return _adapld(ex)
     if "block_size" in ex:
         return _dflash(ex, r)
+    if "served" in ex:
+        return _served(ex["served"], r)
     return "; ".join(f"{k}: {_value(v)}" for k, v in ex.items())
+
+
+def _served(sv: dict, r: Round) -> str:
+    """A served run's step: vLLM's numbering and counts, rebuilt drafts or counts only."""
+    if not sv.get("step"):
+        return "vLLM: a step without a draft"
+    how = "drafted tokens rebuilt with vLLM's rule" if sv.get("rebuilt") else \
+        "counts only (drafted tokens not reported)"
+    return f"vLLM step {sv['step']}: drafted {sv.get('drafted', 0)}, accepted {r.accepted}; {how}"

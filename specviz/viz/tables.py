@@ -218,3 +218,25 @@ def compare_verdict(runs: list[CompareRun], target=None,
                                r.trace.output_ids)
                for r in runs if r.method != baseline and r.prompt_id in base]
     return lossless_verdict(reports, greedy=all(_greedy(r.trace) for r in runs))
+
+
+def selector_table(trace: Trace, i: int) -> pd.DataFrame:
+    """DFlash2's candidate selector in round ``i``, slot by slot: the K candidates (best unary
+    logit first, the one the walk chose marked ▶), the chosen token and its verdict; empty for
+    rounds of other drafters."""
+    cols = ["slot", "candidates", "chosen", "verdict"]
+    if not 0 <= i < len(trace.rounds):
+        return pd.DataFrame(columns=cols)
+    r, texts = trace.rounds[i], trace.token_texts
+    sel = (r.extras or {}).get("selector") or {}
+    status = r.node_status(sampling=not _greedy(trace))
+    rows = []
+    for slot, (cands, unary, pick) in enumerate(zip(sel.get("candidates", []),
+                                                    sel.get("unary", []), sel.get("path", []))):
+        shown = [("▶ " if j == pick else "") + f"{join_tokens([c], texts)} ({u:.2f})"
+                 for j, (c, u) in enumerate(zip(cands, unary))]
+        rows.append({"slot": slot + 1, "candidates": " · ".join(shown),
+                     "chosen": join_tokens([cands[pick]], texts),
+                     "verdict": TOPK_VERDICTS.get(status[slot], status[slot])
+                     if slot < len(status) else "—"})
+    return pd.DataFrame(rows, columns=cols)

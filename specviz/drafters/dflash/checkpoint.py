@@ -14,6 +14,7 @@ import torch
 
 from ...errors import SettingsError
 from ...models import ModelLoadError
+from .layouts import layout_of
 from .model import DRAFT_VOCAB_KEY, DFlashDraftModel, default_target_layer_ids
 
 CONFIG_NAME = "config.json"
@@ -43,7 +44,8 @@ def _few(items, n: int = 4) -> str:
 def resolve_checkpoint(checkpoint: str | Path) -> Path:
     """A local folder, the name of a drafter bundled under ``specviz/weights/`` (e.g.
     ``dflash-edr-t1-smollm2-135m-instruct``), or a hub id fetched with snapshot_download (only
-    if the hub is reachable; otherwise from the local HF cache)."""
+    if the hub is reachable; otherwise from the local HF cache). ``ID@REVISION`` pins a hub
+    revision (a branch, tag or commit): published drafters are retrained under the same id."""
     from ...models import hub_reachable
 
     if checkpoint is None or not str(checkpoint).strip():
@@ -56,7 +58,8 @@ def resolve_checkpoint(checkpoint: str | Path) -> Path:
     name = str(checkpoint).strip()
     if (BUNDLED_DIR / name / CONFIG_NAME).is_file():   # a drafter committed under weights/
         return BUNDLED_DIR / name
-    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", name):
+    name, _, revision = name.partition("@")            # a hub id may pin a revision: ID@REV
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", name) or (_ and not revision):
         bundled = sorted(p.name for p in BUNDLED_DIR.iterdir() if (p / CONFIG_NAME).is_file())
         raise ModelLoadError(f"DFlash checkpoint '{name}' is neither a local folder, a hub id "
                              f"nor a bundled drafter ({', '.join(bundled)})")
@@ -64,11 +67,13 @@ def resolve_checkpoint(checkpoint: str | Path) -> Path:
 
     online = hub_reachable()
     try:
-        return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors"],
+        return Path(snapshot_download(name, revision=revision or None,
+                                      allow_patterns=["*.json", "*.safetensors"],
                                       local_files_only=not online))
     except Exception as exc:  # noqa: BLE001 - one clear line for the user
         where = "download failed" if online else "not in the local cache and the hub is unreachable"
-        raise ModelLoadError(f"cannot fetch DFlash checkpoint '{name}': {where}") from exc
+        rev = f" at revision {revision}" if revision else ""
+        raise ModelLoadError(f"cannot fetch DFlash checkpoint '{name}'{rev}: {where}") from exc
 
 
 def load_dflash_checkpoint(checkpoint: str | Path, device: str | torch.device = "cpu",
@@ -102,17 +107,15 @@ def _read_config(folder: Path) -> dict:
 
 
 def _check_config(cfg: dict, folder: Path) -> None:
-    """A DFlash drafter's config: its architecture, the sizes it needs, no sliding window."""
-    arch = cfg.get("architectures") or []
-    if ARCHITECTURE not in arch:
-        raise ModelLoadError(f"{folder} is not a DFlash drafter: architectures {arch} "
-                             f"(expected ['{ARCHITECTURE}'])")
+    """A DFlash drafter's config: a layout specviz runs (:mod:`.layouts`), the sizes it needs."""
+    try:
+        layout_of(cfg)
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{folder}: {exc}") from None
     missing_cfg = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                "intermediate_size", "dflash_config") if k not in cfg]
     if missing_cfg:
         raise ModelLoadError(f"DFlash config misses {', '.join(missing_cfg)}")
-    if cfg.get("use_sliding_window") and cfg.get("sliding_window"):
-        raise ModelLoadError("sliding-window DFlash drafters are not supported")
 
 
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -206,7 +209,7 @@ def save_dflash_checkpoint(model: DFlashDraftModel, folder: str | Path) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     cfg = dict(model.config)
-    cfg["architectures"] = [ARCHITECTURE]
+    cfg["architectures"] = [ARCHITECTURE if model.layout == "dflash" else "DFlash2DraftModel"]
     cfg["model_type"] = "qwen3"
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     if state:

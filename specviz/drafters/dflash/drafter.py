@@ -115,6 +115,8 @@ class DFlashDrafter(GatedBlock, Drafter):
         model, self.weights = drafter_model(model, checkpoint, target, dev, self.dtype,
                                             s["weights"])
         self.block_size = check_block_size(s["block_size"], int(model.block_size))
+        if model.layout == "dflash2":   # the candidate selector drafts left to right
+            self.chains, self._selector = True, None
         self.target, self.model, self.device = target, model, torch.device(dev)
         self.checkpoint = None if checkpoint is None else str(checkpoint)
         self.draft_temperature, self.seed = s["draft_temperature"], s["seed"]
@@ -183,7 +185,17 @@ class DFlashDrafter(GatedBlock, Drafter):
 
     def draft_logits(self, tokens: list[int], k: int) -> tuple[torch.Tensor, list[int] | None]:
         """(logits [k, V] of slots 1..k on the CPU, the drafted tokens when the drafter chose
-        them itself -- left to right, as DSpark does -- else None: argmax / sampling follow)."""
+        them itself -- left to right, as DSpark and DFlash2's candidate selector do -- else
+        None: argmax / sampling follow)."""
+        if self.model.layout == "dflash2":
+            from .dflash2 import select_block
+
+            head = self.target.model.get_output_embeddings()
+            with self.target.lock, torch.inference_mode():
+                rows, chain, self._selector = select_block(
+                    self.model, self.block_hidden(tokens)[:k], head, tokens[-1],
+                    self.draft_temperature, self.generator)
+            return rows, chain
         return self.block_logits(tokens)[:k].cpu(), None
 
     def greedy_scores(self, tokens: list[int], k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -225,7 +237,12 @@ class DFlashDrafter(GatedBlock, Drafter):
             probs = torch.softmax(scores, dim=-1)
         if self._drafts_tree():
             return self._propose_tree(probs, words, k, extras)
-        return self._propose_chain(probs, logits, chain, words, k, extras)
+        draft = self._propose_chain(probs, logits, chain, words, k, extras)
+        if getattr(self, "_selector", None) and draft.tokens:   # DFlash2: the selector's walk
+            sel = self._selector
+            n = len(draft.tokens)
+            extras["selector"] = {key: v[:n] for key, v in sel.items()}
+        return draft
 
     def _propose_chain(self, probs: torch.Tensor, logits: torch.Tensor | None,
                        chain: list[int] | None, words: torch.Tensor | None, k: int,

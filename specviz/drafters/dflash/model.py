@@ -85,17 +85,32 @@ class DFlashAttention(nn.Module):
         v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         return apply_rope(k, cos, sin), v
 
-    def forward(self, x, ctx_k, ctx_v, cos, sin) -> torch.Tensor:
+    def forward(self, x, ctx_k, ctx_v, cos, sin, window: int | None = None) -> torch.Tensor:
+        """Block rows ``x`` [1, t, H] attend to the context (positions 0..n-1) and to the whole
+        block (non-causal); ``window``: a sliding layer's keys are those less than ``window``
+        positions behind the query (the block sits at positions n..n+t-1)."""
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)
         q = apply_rope(q, cos, sin)
         k, v = self.kv(x, cos, sin)
+        n = ctx_k.shape[2]
         k = torch.cat([ctx_k, k], dim=2)
         v = torch.cat([ctx_v, v], dim=2)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=False,   # GQA: no K/V copies
-                                             scale=self.head_dim ** -0.5,
+        mask = sliding_mask(n, t, window, x.device)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False,
+                                             scale=self.head_dim ** -0.5,   # GQA: no K/V copies
                                              enable_gqa=self.n_heads != self.n_kv)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+def sliding_mask(n: int, t: int, window: int | None, device) -> torch.Tensor | None:
+    """Keys a sliding layer's block rows may see [t, n + t] (True = attend), or None when the
+    window hides nothing: key j is seen by the query at position n + i iff n + i - j < window."""
+    if not window or n < window:
+        return None
+    q = torch.arange(n, n + t, device=device).view(-1, 1)
+    keys = torch.cat([torch.arange(n, device=device), torch.arange(n, n + t, device=device)])
+    return (q - keys.view(1, -1)) < int(window)
 
 
 class DFlashMLP(nn.Module):
@@ -114,17 +129,33 @@ class DFlashMLP(nn.Module):
 
 
 class DFlashDecoderLayer(nn.Module):
-    def __init__(self, cfg: dict):
+    """A Qwen3 layer over the block; ``window`` for a sliding layer; DFlash2 layers (``conv``
+    = (taps, group size, block size)) wrap attention and MLP in grouped block convolutions."""
+
+    def __init__(self, cfg: dict, window: int | None = None, conv: tuple | None = None):
         super().__init__()
         H, eps = int(cfg["hidden_size"]), float(cfg.get("rms_norm_eps", 1e-6))
         self.self_attn = DFlashAttention(cfg)
         self.mlp = DFlashMLP(cfg)
         self.input_layernorm = _rms_norm(H, eps)
         self.post_attention_layernorm = _rms_norm(H, eps)
+        self.window = window
+        if conv is not None:
+            from .dflash2 import GroupedConv
+
+            self.attention_conv = GroupedConv(H, *conv)
+            self.mlp_conv = GroupedConv(H, *conv)
+        self.conv = conv is not None
 
     def forward(self, x, ctx_k, ctx_v, cos, sin):
-        x = x + self.self_attn(self.input_layernorm(x), ctx_k, ctx_v, cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        if not self.conv:
+            x = x + self.self_attn(self.input_layernorm(x), ctx_k, ctx_v, cos, sin, self.window)
+            return x + self.mlp(self.post_attention_layernorm(x))
+        h, coef = self.attention_conv.prepare(self.input_layernorm(x)[0])
+        h = self.self_attn(h.unsqueeze(0), ctx_k, ctx_v, cos, sin, self.window)[0]
+        x = x + self.attention_conv.finish(h, coef).unsqueeze(0)
+        h, coef = self.mlp_conv.prepare(self.post_attention_layernorm(x)[0])
+        return x + self.mlp_conv.finish(self.mlp(h), coef).unsqueeze(0)
 
 
 class DFlashDraftModel(nn.Module):
@@ -151,7 +182,25 @@ class DFlashDraftModel(nn.Module):
         if self.mask_token_id is None and not self.learned_mask:
             raise ModelLoadError("DFlash config has neither dflash_config.mask_token_id nor "
                                  "dflash_config.learned_mask_embedding")
-        self.layers = nn.ModuleList(DFlashDecoderLayer(cfg) for _ in range(int(cfg["num_hidden_layers"])))
+        from .layouts import layer_windows, layout_of
+
+        self.layout = layout_of(cfg)
+        n_layers = int(cfg["num_hidden_layers"])
+        windows = layer_windows(cfg, n_layers)
+        conv = None
+        if self.layout == "dflash2":
+            conv = (int(dc["conv_kernel_size"]), int(dc["conv_group_size"]), self.block_size)
+        self.layers = nn.ModuleList(DFlashDecoderLayer(cfg, windows[i], conv)
+                                    for i in range(n_layers))
+        self.input_embedding_scale = float(dc.get("input_embedding_scale") or 1.0)
+        self.output_multiplier = float(dc.get("output_multiplier") or 1.0)
+        self.logit_softcap = float(dc.get("final_logit_softcapping") or 0.0)
+        if self.layout == "dflash2":
+            from .dflash2 import CandidateSelector
+
+            self.candidate_selector = CandidateSelector(H, int(cfg["vocab_size"]),
+                                                        int(dc["selector_rank"]),
+                                                        int(dc["selector_top_k"]))
         self.fc = nn.Linear(len(self.target_layer_ids) * H, H, bias=False)
         self.hidden_norm = _rms_norm(H, eps)
         self.norm = _rms_norm(H, eps)
@@ -210,7 +259,8 @@ class DFlashDraftModel(nn.Module):
         slot 0 sits at absolute position ``start``, given per-layer context K/V."""
         pos = torch.arange(start, start + block_emb.shape[1])
         cos, sin = self.rope(pos, block_emb)
-        x = block_emb
+        x = block_emb if self.input_embedding_scale == 1.0 else \
+            block_emb * self.input_embedding_scale
         for layer, (k, v) in zip(self.layers, ctx_kv):
             x = layer(x, k, v, cos, sin)
         return self.norm(x)

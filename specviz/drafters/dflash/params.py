@@ -18,8 +18,9 @@ DEFAULT_TREE = 16  # draft tree nodes by default (0: chains; specviz.drafters.df
 MAX_TREE = 64
 PARAMS = params_by_name(
     ParamSpec("checkpoint", str, "", label="Drafter checkpoint",
-              help="A DFlash (or DSpark) drafter folder or hub id (config.json + "
-                   "model.safetensors), or the name of one bundled with specviz "
+              help="A DFlash, DFlash2 (or DSpark) drafter folder or hub id (config.json + "
+                   "model.safetensors; ID@REVISION pins a hub revision), or the name of one "
+                   "bundled with specviz "
                    "(dflash-edr-t1-smollm2-135m-instruct: EDR-fine-tuned for sampling at "
                    "T = 1). Empty = the drafter this project trained for the embedded "
                    "SmolLM2-135M-Instruct."),

@@ -1,0 +1,255 @@
+"""The DFlash layouts published now (docs/methods/dflash.md#published-layouts): sliding-window
+DFlash and DFlash2, loaded strictly from tiny random checkpoints written with the published
+config keys and tensor names, greedy lossless on a tiny target; DFlash2's convolution and edge
+scores compared with vLLM's own functions on the same tensors (where .venv-vllm exists)."""
+from __future__ import annotations
+
+import copy
+import json
+import random
+import subprocess
+
+import pytest
+import torch
+
+from specviz.analysis.lossless import compare_outputs
+from specviz.drafters import make_drafter
+from specviz.drafters.dflash.checkpoint import (load_dflash_checkpoint, resolve_checkpoint,
+                                                save_dflash_checkpoint)
+from specviz.drafters.dflash.dflash2 import greedy_walk, grouped_conv, score_edges
+from specviz.drafters.dflash.layouts import layer_windows, layout_of
+from specviz.drafters.dflash.model import sliding_mask
+from specviz.engine import DecodeSettings, Session
+from specviz.models import ModelLoadError
+from specviz.run import generate
+from specviz.trace import Trace
+from tests.test_dflash import (published_config, published_weights, qwen3_target,  # noqa: F401
+                               random_prompt, write_checkpoint)
+
+TAPS, GROUP, RANK, TOPK = 3, 16, 8, 4
+
+
+def dflash2_config(**over):
+    """A DFlash2 config.json (z-lab's keys) sized for the tiny Qwen3 target."""
+    cfg = published_config(architectures=["DFlash2DraftModel"], layer_types=None,
+                           sliding_window=2048, use_sliding_window=True,
+                           rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+    cfg.pop("block_size")
+    cfg["dflash_config"] = {"block_size": 4, "mask_token_id": 127, "target_layer_ids": [0, 1, 2],
+                            "conv_kernel_size": TAPS, "conv_group_size": GROUP,
+                            "selector_rank": RANK, "selector_top_k": TOPK,
+                            "input_embedding_scale": 1.5, "output_multiplier": 0.5,
+                            "final_logit_softcapping": 30.0}
+    cfg.update(over)
+    return cfg
+
+
+def dflash2_weights(cfg, seed=0):
+    g = torch.Generator().manual_seed(seed + 100)
+    w = published_weights(cfg, seed)
+    H, V = cfg["hidden_size"], cfg["vocab_size"]
+    for i in range(cfg["num_hidden_layers"]):
+        for side in ("attention_conv", "mlp_conv"):
+            p = f"layers.{i}.{side}."
+            w[p + "base_kernel"] = 0.3 * torch.randn(2, TAPS, H, generator=g) + \
+                torch.tensor([1.0] + [0.0] * (TAPS - 1)).view(1, TAPS, 1)
+            w[p + "kernel_projection.weight"] = 0.05 * torch.randn(2 * TAPS * (H // GROUP), H,
+                                                                   generator=g)
+    w["candidate_selector.hidden_projection.weight"] = 0.2 * torch.randn(RANK, H, generator=g)
+    w["candidate_selector.predecessor_codebook"] = torch.randn(V, RANK, generator=g)
+    w["candidate_selector.successor_codebook"] = torch.randn(V, RANK, generator=g)
+    return w
+
+
+# ---------------------------------------------------------------- layouts from config.json
+def test_layouts_are_told_apart_by_class_or_keys():
+    assert layout_of(published_config()) == "dflash"
+    assert layout_of(dflash2_config()) == "dflash2"
+    sglang = dflash2_config(architectures=["DFlashDraftModel"])      # SGLang reads the keys
+    assert layout_of(sglang) == "dflash2"
+    with pytest.raises(ModelLoadError, match="not a DFlash drafter"):
+        layout_of(published_config(architectures=["LlamaForCausalLM"]))
+    bad = dflash2_config()
+    del bad["dflash_config"]["selector_rank"]
+    with pytest.raises(ModelLoadError, match="misses dflash_config.selector_rank"):
+        layout_of(bad)
+    with pytest.raises(ModelLoadError, match="attention_sink_bias"):
+        layout_of(published_config(use_swa=True, swa_window_size=8, attention_sink_bias=True))
+    with pytest.raises(ModelLoadError, match="domino"):
+        layout_of(published_config(projector_type="domino"))
+
+
+def test_sliding_windows_per_layer():
+    swa = published_config(layer_types=["sliding_attention", "full_attention"], sliding_window=6)
+    swa.pop("block_size")
+    swa["dflash_config"]["block_size"] = 4   # the Qwen3.5-era place of block_size
+    assert layer_windows(swa, 2) == [6, None]
+    assert layer_windows(published_config(), 2) == [None, None]
+    assert layer_windows(published_config(use_swa=True, swa_window_size=5), 2) == [5, 5]
+    assert layer_windows(dflash2_config(), 2) == [2048, 2048]
+    with pytest.raises(ModelLoadError, match="no sliding_window"):
+        layer_windows(published_config(layer_types=["sliding_attention"] * 2), 2)
+    m = sliding_mask(n=5, t=3, window=4, device="cpu")   # query at 5 sees keys 2..7
+    assert m[0].tolist() == [False, False, True, True, True, True, True, True]
+    assert sliding_mask(n=3, t=3, window=4, device="cpu") is None
+
+
+# ---------------------------------------------------------------- strict loads
+def test_swa_checkpoint_loads_and_is_lossless(tmp_path, qwen3_target):
+    cfg = published_config(layer_types=["sliding_attention", "full_attention"], sliding_window=5)
+    cfg.pop("block_size")
+    cfg["dflash_config"]["block_size"] = 4
+    folder = write_checkpoint(tmp_path / "swa", cfg, published_weights(cfg))
+    full = write_checkpoint(tmp_path / "full", published_config(),
+                            published_weights(published_config()))
+    d = make_drafter("dflash", qwen3_target, checkpoint=str(folder), cut="off", tree=0)
+    assert [layer.window for layer in d.model.layers] == [5, None]
+    ids = random_prompt(random.Random(3), 127, 20, 24)
+    s = DecodeSettings(max_new_tokens=20)
+    tr = Session(qwen3_target, d, ids, s).run()
+    assert tr.output_ids == generate(qwen3_target, "ar", ids, s).output_ids
+    # the window matters once the context is longer than it: drafts differ from full attention
+    f = make_drafter("dflash", qwen3_target, checkpoint=str(full), cut="off", tree=0)
+    Session(qwen3_target, d, ids, s)
+    Session(qwen3_target, f, ids, s)
+    assert not torch.allclose(d.block_logits(ids), f.block_logits(ids))
+
+
+def test_dflash2_checkpoint_loads_strictly(tmp_path, qwen3_target):
+    cfg = dflash2_config()
+    w = dflash2_weights(cfg)
+    folder = write_checkpoint(tmp_path / "d2", cfg, w)
+    m = load_dflash_checkpoint(folder)
+    assert m.layout == "dflash2" and sorted(m.state_dict()) == sorted(w)
+    assert m.input_embedding_scale == 1.5 and m.logit_softcap == 30.0
+    out = save_dflash_checkpoint(m, tmp_path / "again")
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["DFlash2DraftModel"]
+    assert sorted(load_dflash_checkpoint(out).state_dict()) == sorted(w)
+    for drop in ("candidate_selector.successor_codebook", "layers.1.mlp_conv.base_kernel"):
+        w2 = {k: v for k, v in w.items() if k != drop}
+        with pytest.raises(ModelLoadError, match="missing weight keys: " + drop):
+            load_dflash_checkpoint(write_checkpoint(tmp_path / drop, cfg, w2))
+    w3 = dict(w, **{"layers.0.attention_conv.base_kernel": torch.zeros(2, TAPS + 1, 64)})
+    with pytest.raises(ModelLoadError, match="shapes do not match"):
+        load_dflash_checkpoint(write_checkpoint(tmp_path / "shape", cfg, w3))
+    bad = copy.deepcopy(cfg)
+    bad["dflash_config"]["conv_group_size"] = 7
+    with pytest.raises(ModelLoadError, match="conv_group_size=7 must divide"):
+        load_dflash_checkpoint(write_checkpoint(tmp_path / "grp", bad, w))
+
+
+def test_dflash2_greedy_lossless_with_the_selector_in_the_trace(tmp_path, qwen3_target):
+    cfg = dflash2_config()
+    folder = write_checkpoint(tmp_path / "d2", cfg, dflash2_weights(cfg))
+    rng = random.Random(5)
+    for i in range(4):
+        d = make_drafter("dflash", qwen3_target, checkpoint=str(folder), cut="off", tree=0)
+        ids = random_prompt(rng, 127, 4, 20)
+        s = DecodeSettings(max_new_tokens=24)
+        tr = Session(qwen3_target, d, ids, s).run()
+        ar = generate(qwen3_target, "ar", ids, s)
+        assert compare_outputs(qwen3_target, ids, ar.output_ids, tr.output_ids).ok
+        drafted = [r for r in tr.rounds if r.draft]
+        assert drafted
+        for r in drafted:
+            sel = r.extras["selector"]
+            assert len(sel["path"]) == len(r.draft) and len(sel["candidates"][0]) == TOPK
+            assert [row[j] for row, j in zip(sel["candidates"], sel["path"])] == r.draft
+        Trace.from_json(tr.to_json())     # the selector extras pass the trace schema
+
+
+def test_selector_walk_follows_the_best_edges():
+    torch.manual_seed(0)
+    scores = torch.randn(5, TOPK, TOPK)
+    path = greedy_walk(scores)
+    prev = 0
+    for step, j in enumerate(path):
+        assert j == int(scores[step, prev].argmax())
+        prev = j
+
+
+def test_dflash2_sampling_is_lossless():
+    """Sampled drafts (each step of the walk sampled): the first two committed tokens keep the
+    target's law (the chi-square check of the other block drafters)."""
+    from specviz.drafters.dflash.drafter import DFlashDrafter
+    from specviz.drafters.dflash.model import DFlashDraftModel
+    from tests.conftest import assert_same_law, first_two_token_counts, sampling_pair
+
+    target, base = sampling_pair()
+    cfg = copy.deepcopy(base.config)
+    cfg["architectures"] = ["DFlash2DraftModel"]
+    cfg["dflash_config"].update(conv_kernel_size=2, conv_group_size=16, selector_rank=4,
+                                selector_top_k=4)
+    m = DFlashDraftModel(cfg)
+    g = torch.Generator().manual_seed(3)
+    base_sd = base.state_dict()
+    with torch.no_grad():
+        for k, v in m.state_dict().items():
+            if k in base_sd:
+                v.copy_(base_sd[k])
+            elif k.endswith("base_kernel"):
+                v.zero_()
+                v[:, 0] = 1.0          # the convolutions start as the identity
+            else:
+                v.copy_(0.1 * torch.randn(v.shape, generator=g))
+    m.eval().requires_grad_(False)
+    used = {"accepted": 0}
+
+    def on_trace(tr):
+        used["accepted"] += sum(r.accepted for r in tr.rounds)
+
+    counts, exact = first_two_token_counts(
+        target, [3, 7, 5], lambda seed: DFlashDrafter(target, model=m, draft_temperature=1.0,
+                                                      seed=seed, cut="off"),
+        2000, dict(temperature=0.9, top_p=0.95), on_trace=on_trace)
+    assert_same_law(counts, exact, tv_tol=0.13)
+    assert used["accepted"] > 100
+
+
+def test_revision_pin_is_named():
+    with pytest.raises(ModelLoadError, match="at revision abc123"):
+        resolve_checkpoint("z-lab/not-a-real-drafter-xyz@abc123")
+    with pytest.raises(ModelLoadError, match="neither a local folder"):
+        resolve_checkpoint("z-lab/x@")
+
+
+# ---------------------------------------------------------------- against vLLM's functions
+VLLM_DFLASH2 = """
+import sys, torch
+from vllm.model_executor.models.qwen3_dflash2 import _grouped_conv, _score_edges
+t = torch.load(sys.argv[1])
+out = {"conv": _grouped_conv(t["x"], t["delta"], t["base"], t["block"], t["groups"], t["gsize"],
+                             t["taps"]),
+       "edges": _score_edges(t["pred"], t["succ"], t["cand"], t["unary"], t["hid"], t["anchor"],
+                             t["k"])}
+torch.save(out, sys.argv[2])
+"""
+
+
+def test_dflash2_pieces_equal_vllms(tmp_path):
+    from specviz.errors import SpecvizError
+    from specviz.served.server import vllm_python
+
+    try:
+        py = vllm_python()
+    except SpecvizError as exc:
+        pytest.skip(str(exc))
+    g = torch.Generator().manual_seed(1)
+    B, H, taps, gsize, V, r, k, L = 4, 64, 3, 16, 50, 8, 5, 3
+    t = {"x": torch.randn(3 * B, H, generator=g), "delta": torch.randn(3 * B, taps, H // gsize,
+                                                                       generator=g),
+         "base": torch.randn(taps, H, generator=g), "block": B, "groups": H // gsize,
+         "gsize": gsize, "taps": taps,
+         "pred": torch.randn(V, r, generator=g), "succ": torch.randn(V, r, generator=g),
+         "cand": torch.randint(0, V, (2, L, k), generator=g),
+         "unary": torch.randn(2, L, k, generator=g), "hid": torch.randn(2, L, r, generator=g),
+         "anchor": torch.randint(0, V, (2,), generator=g), "k": k}
+    torch.save(t, tmp_path / "in.pt")
+    res = subprocess.run([str(py), "-c", VLLM_DFLASH2, str(tmp_path / "in.pt"),
+                          str(tmp_path / "out.pt")], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    theirs = torch.load(tmp_path / "out.pt")
+    mine_conv = grouped_conv(t["x"], t["delta"], t["base"], B, H // gsize, gsize, taps)
+    mine_edges = score_edges(t["pred"], t["succ"], t["cand"], t["unary"], t["hid"], t["anchor"], k)
+    assert torch.allclose(mine_conv, theirs["conv"], atol=1e-5)
+    assert torch.allclose(mine_edges, theirs["edges"], atol=1e-5)
