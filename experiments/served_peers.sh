@@ -10,7 +10,7 @@ OUT=${1:-results/served_peers}
 mkdir -p "$OUT"
 python -m specviz serve-vllm --port 8123 --log "$OUT/vllm-ngram.log" & NGRAM=$!
 python -m specviz serve-vllm --port 8124 --speculative none --log "$OUT/vllm-ar.log" & PLAIN=$!
-trap 'kill -INT $NGRAM $PLAIN 2>/dev/null; wait' EXIT
+trap 'kill $NGRAM $PLAIN 2>/dev/null; wait' EXIT   # TERM: serve-vllm stops vLLM too
 for port in 8123 8124; do
   for _ in $(seq 1 300); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 2; done
 done

@@ -104,7 +104,7 @@ class VllmServer:
     def stop(self) -> None:
         """Stop the server and the engine processes it spawned (its process group)."""
         if self.proc is not None and self.proc.poll() is None:
-            for sig, wait in ((signal.SIGINT, 20), (signal.SIGKILL, 10)):
+            for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
                 try:
                     os.killpg(self.proc.pid, sig)
                     self.proc.wait(timeout=wait)
@@ -126,7 +126,12 @@ class VllmServer:
 
 def main_serve(model_dir: str, port: int, speculative: NgramConfig | None,
                log_path: str | None, kv_cache_gib: int) -> int:
-    """Foreground server for ``python -m specviz serve-vllm`` (Ctrl-C stops it)."""
+    """Foreground server for ``python -m specviz serve-vllm`` (Ctrl-C or TERM stops it and
+    vLLM's engine processes)."""
+    def interrupt(*_):   # a TERM (a script's kill, a supervisor) stops it as Ctrl-C does
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
     srv = VllmServer(model_dir, port, speculative, log_path, kv_cache_gib)
     spec = "no speculation" if speculative is None else json.dumps(speculative.to_dict())
     print(f"starting vLLM on {srv.url} ({spec}; log: {log_path or 'not kept'}) ...",
