@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -23,8 +22,8 @@ from .cli_served import (add_bench_endpoints, add_serve_vllm, add_served, endpoi
                          served_throughput)
 from .cli_train import (add_eval, add_train_dflash, add_train_finetune, add_train_gate_probe,
                         add_train_retrace)
-from .cli_common import (common_args, display_args, load_decoding_target, print_summary,
-                         render_terminal)
+from .cli_common import (common_args, display_args, load_decoding_target, print_run,
+                         print_summary, read_prompt, render_terminal, run_settings)
 from .errors import SpecvizError
 
 def parse_params(method: str, pairs: list[str] | None) -> dict:
@@ -45,30 +44,16 @@ def cmd_prepare(args) -> int:
 
 def cmd_run(args) -> int:
     from .drafters import make_drafter
-    from .engine import DecodeSettings, Session
+    from .engine import Session
 
-    prompt = args.prompt
-    if args.prompt_file:
-        p = Path(args.prompt_file)
-        if not p.exists():
-            raise SpecvizError(f"prompt file {p} does not exist")
-        prompt = p.read_text(encoding="utf-8", errors="replace")
-    if prompt is None:
-        raise SpecvizError("give a prompt with --prompt TEXT or --prompt-file FILE")
-    settings = DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                              top_p=args.top_p, seed=args.seed,
-                              chat_template=False if args.no_chat_template else None).validate()
-    if not prompt.strip():
-        raise SpecvizError("the prompt is empty")
+    settings = run_settings(args)
+    prompt = read_prompt(args)
     params = parse_params(args.method, args.param)
     target = load_decoding_target(args)
     drafter = make_drafter(args.method, target, **params)
     sess = Session(target, drafter, prompt, settings, method=args.method)
     trace = sess.run()
-    color = sys.stdout.isatty() and not args.no_color and not os.environ.get("NO_COLOR") \
-        or args.color
-    print(render_terminal(trace, color=color, show_rejected=not args.hide_rejected))
-    print_summary(trace)
+    print_run(args, trace)
     if args.save:
         path = trace.save(args.save)
         print(f"trace saved to {path}")

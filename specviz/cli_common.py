@@ -3,7 +3,11 @@
 shared options. Entry point and error rule: :mod:`specviz.cli`."""
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
+
+from .errors import SpecvizError
 
 GREEN, YELLOW, CYAN, RED, DIM, STRIKE, BOLD, RESET = (
     "\x1b[32m", "\x1b[33m", "\x1b[36m", "\x1b[31m", "\x1b[2m", "\x1b[9m", "\x1b[1m", "\x1b[0m")
@@ -60,3 +64,37 @@ def display_args(p) -> None:
     p.add_argument("--color", action="store_true", help="force colours")
     p.add_argument("--no-color", action="store_true")
     p.add_argument("--hide-rejected", action="store_true", help="do not print rejected suffixes")
+
+
+def read_prompt(args) -> str:
+    """The prompt of ``--prompt`` or ``--prompt-file`` (one ``error:`` line when missing or
+    empty)."""
+    prompt = args.prompt
+    if args.prompt_file:
+        p = Path(args.prompt_file)
+        if not p.is_file():
+            raise SpecvizError(f"prompt file {p} does not exist")
+        prompt = p.read_text(encoding="utf-8", errors="replace")
+    if prompt is None:
+        raise SpecvizError("give a prompt with --prompt TEXT or --prompt-file FILE")
+    if not prompt.strip():
+        raise SpecvizError("the prompt is empty")
+    return prompt
+
+
+def run_settings(args):
+    """The decoding settings of a one-prompt command (``run``, ``served``), checked."""
+    from .engine import DecodeSettings
+
+    return DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                          top_p=args.top_p, seed=args.seed,
+                          chat_template=False if args.no_chat_template else None).validate()
+
+
+def print_run(args, trace) -> None:
+    """The coloured text (colours on a terminal unless --no-color / NO_COLOR, or --color) and
+    the summary line."""
+    color = sys.stdout.isatty() and not args.no_color and not os.environ.get("NO_COLOR") \
+        or args.color
+    print(render_terminal(trace, color=color, show_rejected=not args.hide_rejected))
+    print_summary(trace)

@@ -7,8 +7,6 @@ lives with ``bench`` (:mod:`specviz.cli`). Entry point and error rule: :mod:`spe
 """
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 from .errors import SpecvizError
@@ -41,29 +39,16 @@ def cmd_serve_vllm(args) -> int:
 
 
 def cmd_served(args) -> int:
-    from .cli_common import load_decoding_target, print_summary, render_terminal
-    from .engine import DecodeSettings
+    from .cli_common import load_decoding_target, print_run, read_prompt, run_settings
     from .served.run import agreement, check_endpoint, served_trace
 
-    prompt = args.prompt
-    if args.prompt_file:
-        p = Path(args.prompt_file)
-        if not p.is_file():
-            raise SpecvizError(f"prompt file {p} does not exist")
-        prompt = p.read_text(encoding="utf-8", errors="replace")
-    if prompt is None or not prompt.strip():
-        raise SpecvizError("give a non-empty prompt with --prompt TEXT or --prompt-file FILE")
-    settings = DecodeSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                              top_p=args.top_p, seed=args.seed,
-                              chat_template=False if args.no_chat_template else None).validate()
+    settings = run_settings(args)
+    prompt = read_prompt(args)
     target = load_decoding_target(args)
     ep = check_endpoint(args.endpoint, target.tokenizer)
     trace = served_trace(target, ep, prompt, settings, args.spec_method,
                          ngram_config(args, ep.info.max_model_len))
-    color = sys.stdout.isatty() and not args.no_color and not os.environ.get("NO_COLOR") \
-        or args.color
-    print(render_terminal(trace, color=color, show_rejected=not args.hide_rejected))
-    print_summary(trace)
+    print_run(args, trace)
     print(agreement(trace)[1])
     if args.save:
         print(f"trace saved to {trace.save(args.save)}")
