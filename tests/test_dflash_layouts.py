@@ -17,8 +17,8 @@ from specviz.drafters import make_drafter
 from specviz.drafters.dflash.checkpoint import (load_dflash_checkpoint, resolve_checkpoint,
                                                 save_dflash_checkpoint)
 from specviz.drafters.dflash.dflash2 import greedy_walk, grouped_conv, score_edges
-from specviz.drafters.dflash.layouts import layer_windows, layout_of
-from specviz.drafters.dflash.model import sliding_mask
+from specviz.drafters.dflash.layouts import layer_attentions, layout_of
+from specviz.drafters.dflash.model import DFlashAttention, block_mask
 from specviz.engine import DecodeSettings, Session
 from specviz.models import ModelLoadError
 from specviz.run import generate
@@ -31,13 +31,13 @@ TAPS, GROUP, RANK, TOPK = 3, 16, 8, 4
 
 def dflash2_config(**over):
     """A DFlash2 config.json (z-lab's keys) sized for the tiny Qwen3 target."""
-    cfg = published_config(architectures=["DFlash2DraftModel"], layer_types=None,
-                           sliding_window=2048, use_sliding_window=True,
+    cfg = published_config(architectures=["DFlash2DraftModel"],
+                           layer_types=["sliding_attention"] * 2, sliding_window=2048,
                            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
     cfg.pop("block_size")
     cfg["dflash_config"] = {"block_size": 4, "mask_token_id": 127, "target_layer_ids": [0, 1, 2],
                             "conv_kernel_size": TAPS, "conv_group_size": GROUP,
-                            "selector_rank": RANK, "selector_top_k": TOPK,
+                            "selector_rank": RANK, "selector_top_k": TOPK, "causal": False,
                             "input_embedding_scale": 1.5, "output_multiplier": 0.5,
                             "final_logit_softcapping": 30.0}
     cfg.update(over)
@@ -73,25 +73,58 @@ def test_layouts_are_told_apart_by_class_or_keys():
     del bad["dflash_config"]["selector_rank"]
     with pytest.raises(ModelLoadError, match="misses dflash_config.selector_rank"):
         layout_of(bad)
-    with pytest.raises(ModelLoadError, match="attention_sink_bias"):
-        layout_of(published_config(use_swa=True, swa_window_size=8, attention_sink_bias=True))
+    with pytest.raises(ModelLoadError, match="attention_value_scale"):
+        layout_of(published_config(dflash_config={"attention_value_scale": 2.0}))
     with pytest.raises(ModelLoadError, match="domino"):
         layout_of(published_config(projector_type="domino"))
 
 
-def test_sliding_windows_per_layer():
-    swa = published_config(layer_types=["sliding_attention", "full_attention"], sliding_window=6)
-    swa.pop("block_size")
-    swa["dflash_config"]["block_size"] = 4   # the Qwen3.5-era place of block_size
-    assert layer_windows(swa, 2) == [6, None]
-    assert layer_windows(published_config(), 2) == [None, None]
-    assert layer_windows(published_config(use_swa=True, swa_window_size=5), 2) == [5, 5]
-    assert layer_windows(dflash2_config(), 2) == [2048, 2048]
-    with pytest.raises(ModelLoadError, match="no sliding_window"):
-        layer_windows(published_config(layer_types=["sliding_attention"] * 2), 2)
-    m = sliding_mask(n=5, t=3, window=4, device="cpu")   # query at 5 sees keys 2..7
+def test_layer_attention_resolved_as_vllm_does():
+    """(window, causal) per layer: the rules of vLLM's _resolve_layer_attention."""
+    full, slide = "full_attention", "sliding_attention"
+    mixed = published_config(layer_types=[slide, full], sliding_window=6)
+    assert layer_attentions(mixed, 2) == [(6, True), (None, False)]   # sliding layers causal
+    assert layer_attentions(published_config(), 2) == [(None, False)] * 2
+    mimo = published_config(dflash_config={"use_swa": True, "swa_window_size": 5,
+                                           "mask_token_id": 127, "target_layer_ids": [0]})
+    assert layer_attentions(mimo, 2) == [(5, False)] * 2      # use_swa: every layer slides
+    assert layer_attentions(dflash2_config(), 2) == [(2048, False)] * 2   # causal: false
+    assert layer_attentions(published_config(is_causal=True), 2) == [(None, True)] * 2
+    with pytest.raises(ModelLoadError, match="no window"):
+        layer_attentions(published_config(layer_types=[slide] * 2), 2)
+    with pytest.raises(ModelLoadError, match="2 entries"):
+        layer_attentions(published_config(), 3)
+    m = block_mask(n=5, t=3, window=4, causal=False, device="cpu")   # query at 5 sees 2..7
     assert m[0].tolist() == [False, False, True, True, True, True, True, True]
-    assert sliding_mask(n=3, t=3, window=4, device="cpu") is None
+    assert block_mask(n=3, t=3, window=4, causal=False, device="cpu") is None
+    c = block_mask(n=2, t=3, window=None, causal=True, device="cpu")
+    assert c.tolist() == [[True, True, True, False, False], [True, True, True, True, False],
+                          [True, True, True, True, True]]
+
+
+def test_attention_sinks_join_the_softmax():
+    """A sink is one more logit per head with a zero value: the softmax over the keys and the
+    sink, written out by hand."""
+    torch.manual_seed(0)
+    cfg = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8}
+    a = DFlashAttention(cfg, sinks=True)
+    with torch.no_grad():
+        a.attention_sink_bias.copy_(torch.tensor([0.5, -1.0, 2.0, 0.0]))
+    x, n, t = torch.randn(1, 3, 32), 4, 3
+    ck, cv = torch.randn(1, 2, n, 8), torch.randn(1, 2, n, 8)
+    cos, sin = torch.ones(1, t, 8), torch.zeros(1, t, 8)
+    with torch.no_grad():
+        out = a(x, ck, cv, cos, sin, window=None, causal=True)
+        q = a.q_norm(a.q_proj(x).view(1, t, 4, 8)).transpose(1, 2)
+        k, v = a.kv(x, cos, sin)
+        k = torch.cat([ck, k], 2).repeat_interleave(2, 1)
+        v = torch.cat([cv, v], 2).repeat_interleave(2, 1)
+        logits = q @ k.transpose(-1, -2) / 8 ** 0.5
+        logits = logits.masked_fill(~block_mask(n, t, None, True, "cpu"), float("-inf"))
+        sink = a.attention_sink_bias.view(1, 4, 1, 1).expand(1, 4, t, 1)
+        w = torch.softmax(torch.cat([logits, sink], -1), -1)[..., :-1]
+        want = a.o_proj((w @ v).transpose(1, 2).reshape(1, t, -1))
+    assert torch.allclose(out, want, atol=1e-5)
 
 
 # ---------------------------------------------------------------- strict loads
@@ -103,7 +136,7 @@ def test_swa_checkpoint_loads_and_is_lossless(tmp_path, qwen3_target):
     full = write_checkpoint(tmp_path / "full", published_config(),
                             published_weights(published_config()))
     d = make_drafter("dflash", qwen3_target, checkpoint=str(folder), cut="off", tree=0)
-    assert [layer.window for layer in d.model.layers] == [5, None]
+    assert [(layer.window, layer.causal) for layer in d.model.layers] == [(5, True), (None, False)]
     ids = random_prompt(random.Random(3), 127, 20, 24)
     s = DecodeSettings(max_new_tokens=20)
     tr = Session(qwen3_target, d, ids, s).run()
@@ -113,6 +146,24 @@ def test_swa_checkpoint_loads_and_is_lossless(tmp_path, qwen3_target):
     Session(qwen3_target, d, ids, s)
     Session(qwen3_target, f, ids, s)
     assert not torch.allclose(d.block_logits(ids), f.block_logits(ids))
+
+
+def test_sink_checkpoint_loads_strictly_and_is_lossless(tmp_path, qwen3_target):
+    cfg = published_config()
+    cfg["dflash_config"]["attention_sink_bias"] = True
+    w = published_weights(cfg)
+    for i in range(2):
+        w[f"layers.{i}.self_attn.attention_sink_bias"] = torch.tensor([0.5, -1.0, 1.0, 0.0])
+    folder = write_checkpoint(tmp_path / "sink", cfg, w)
+    d = make_drafter("dflash", qwen3_target, checkpoint=str(folder), cut="off", tree=0)
+    assert sorted(d.model.state_dict()) == sorted(w)
+    ids = random_prompt(random.Random(4), 127, 6, 12)
+    s = DecodeSettings(max_new_tokens=16)
+    assert Session(qwen3_target, d, ids, s).run().output_ids == \
+        generate(qwen3_target, "ar", ids, s).output_ids
+    missing = {k: v for k, v in w.items() if "sink" not in k}
+    with pytest.raises(ModelLoadError, match="missing weight keys: layers.0.self_attn.attention"):
+        load_dflash_checkpoint(write_checkpoint(tmp_path / "nosink", cfg, missing))
 
 
 def test_dflash2_checkpoint_loads_strictly(tmp_path, qwen3_target):

@@ -2,17 +2,19 @@
 apart from config.json alone.
 
 * ``dflash``: ``architectures: ["DFlashDraftModel"]``; ``block_size`` at the top level (the
-  first published layout) or in ``dflash_config``; full attention, or sliding windows: either
-  ``layer_types`` (``sliding_attention`` / ``full_attention`` per layer) with
-  ``sliding_window``, or ``use_sliding_window`` + ``sliding_window`` for every layer, or MiMo's
-  ``use_swa`` + ``swa_window_size``.
+  first published layout) or in ``dflash_config``; per layer full or sliding attention, causal
+  or not within the block, resolved from ``layer_types``, ``sliding_window``,
+  ``dflash_config.{use_swa, swa_window_size, causal}`` and ``is_causal`` exactly as vLLM
+  resolves them (:func:`layer_attention`); optional per-head attention sinks
+  (``dflash_config.attention_sink_bias`` or MiMo's ``add_swa_attention_sink_bias``).
 * ``dflash2``: ``architectures: ["DFlash2DraftModel"]`` (vLLM's signal) or a
-  ``dflash_config`` with the DFlash2 keys (SGLang's); non-causal, sliding layers, grouped block
-  convolutions and the candidate selector (:mod:`.dflash2`). Needs ``conv_kernel_size``,
+  ``dflash_config`` with the DFlash2 keys (SGLang's); grouped block convolutions and the
+  candidate selector (:mod:`.dflash2`) on the same layers. Needs ``conv_kernel_size``,
   ``conv_group_size``, ``selector_rank``, ``selector_top_k``.
 
-What no layout here covers is refused by name: MiMo's attention sinks
-(``attention_sink_bias``) and the ``domino`` projector, whose weights specviz cannot run.
+Refused by name, as specviz cannot run them: the ``domino`` projector (no public reference
+implementation), ``dflash_config.attention_value_scale`` and interleaved RoPE
+(``is_neox_style: false``).
 """
 from __future__ import annotations
 
@@ -34,49 +36,73 @@ def layout_of(cfg: dict) -> str:
     by_keys = {"dflash2"} if any(k in dc for k in DFLASH2_KEYS) else set()
     if len(by_arch) > 1:
         raise ModelLoadError(f"DFlash config names two layouts: architectures {arch}")
-    layout = next(iter(by_arch | by_keys), None)
+    layout = "dflash2" if by_keys or "dflash2" in by_arch else ("dflash" if by_arch else None)
     if layout is None:
         raise ModelLoadError(f"not a DFlash drafter: architectures {arch} (expected one of "
                              f"{', '.join(ARCHITECTURES)})")
-    if layout == "dflash2" and by_arch == {"dflash"}:
-        layout = "dflash2"   # SGLang reads the keys: a DFlash2 config under the old class name
     if layout == "dflash2":
         missing = [k for k in DFLASH2_KEYS if dc.get(k) is None]
         if missing:
             raise ModelLoadError("DFlash2 config misses "
                                  + ", ".join(f"dflash_config.{k}" for k in missing))
-    unsupported = [k for k in ("attention_sink_bias",) if cfg.get(k) or dc.get(k)]
+    unsupported = []
     if str(cfg.get("projector_type") or dc.get("projector_type") or "") == "domino":
         unsupported.append("projector_type 'domino'")
+    if dc.get("attention_value_scale") is not None:
+        unsupported.append("dflash_config.attention_value_scale")
+    if cfg.get("is_neox_style") is False:
+        unsupported.append("is_neox_style false (interleaved RoPE)")
     if unsupported:
         raise ModelLoadError(f"DFlash {layout} variant not supported: {', '.join(unsupported)} "
-                             "(supported: " + ", ".join(LAYOUTS) + " with full or sliding "
-                             "attention)")
+                             "(supported: " + ", ".join(LAYOUTS) + " with full or sliding, "
+                             "causal or non-causal attention and attention sinks)")
     return layout
 
 
-def layer_windows(cfg: dict, n_layers: int) -> list[int | None]:
-    """The sliding window of each drafter layer (None: full attention)."""
+def layer_attention(cfg: dict, i: int) -> tuple[int | None, bool]:
+    """(sliding window or None, causal within the block) of drafter layer ``i``, resolved as
+    vLLM resolves it (``models/qwen3_dflash.py``): ``dflash_config.use_swa`` makes every layer
+    sliding unless ``layer_types`` already names sliding layers; otherwise ``layer_types[i]``
+    decides; the window is ``dflash_config.swa_window_size``, else ``sliding_window``.
+    Causality: ``is_causal``, else ``dflash_config.causal``, else a ``layer_types`` layer is
+    causal exactly when it slides (z-lab's mixed drafters); without ``layer_types``, non-causal.
+    """
     dc = cfg.get("dflash_config") or {}
-    window = cfg.get("sliding_window") or dc.get("sliding_window")
-    if cfg.get("use_swa") or dc.get("use_swa"):                 # MiMo's names
-        window = cfg.get("swa_window_size") or dc.get("swa_window_size") or window
-        if not window:
-            raise ModelLoadError("DFlash config sets use_swa without swa_window_size")
-        return [int(window)] * n_layers
-    types = cfg.get("layer_types") or dc.get("layer_types")
+    types = cfg.get("layer_types")
+    use_swa = bool(dc.get("use_swa", False))
+    any_sliding = bool(types) and any(t == "sliding_attention" for t in types)
+    sliding = use_swa if types is None or (use_swa and not any_sliding) \
+        else types[i] == "sliding_attention"
+    window = None
+    if sliding:
+        window = dc.get("swa_window_size", cfg.get("sliding_window"))
+        if window is None:
+            raise ModelLoadError("DFlash config has sliding layers but no window "
+                                 "(dflash_config.swa_window_size or sliding_window)")
+    if cfg.get("is_causal") is not None:
+        causal = bool(cfg["is_causal"])
+    elif dc.get("causal") is not None:
+        causal = bool(dc["causal"])
+    else:
+        causal = bool(types) and types[i] == "sliding_attention"
+    return (None if window is None else int(window)), causal
+
+
+def layer_attentions(cfg: dict, n_layers: int) -> list[tuple[int | None, bool]]:
+    """:func:`layer_attention` of every layer, ``layer_types`` checked first."""
+    types = cfg.get("layer_types")
     if types is not None:
         if len(types) != n_layers:
             raise ModelLoadError(f"DFlash config: layer_types has {len(types)} entries for "
                                  f"{n_layers} layers")
-        bad = sorted({t for t in types if t not in ("sliding_attention", "full_attention")})
+        bad = sorted({str(t) for t in types if t not in ("sliding_attention", "full_attention")})
         if bad:
             raise ModelLoadError(f"DFlash config: unknown layer_types {bad}")
-        if "sliding_attention" in types and not window:
-            raise ModelLoadError("DFlash config has sliding layers but no sliding_window")
-        return [int(window) if t == "sliding_attention" else None for t in types]
-    if cfg.get("use_sliding_window") and window:
-        return [int(window)] * n_layers
-    if layout_of(cfg) == "dflash2" and window:                  # DFlash2: every layer slides
-        return [int(window)] * n_layers
-    return [None] * n_layers
+    return [layer_attention(cfg, i) for i in range(n_layers)]
+
+
+def has_sinks(cfg: dict) -> bool:
+    """Whether every layer has a per-head attention sink (``self_attn.attention_sink_bias``):
+    ``dflash_config.attention_sink_bias``, else ``add_swa_attention_sink_bias`` (MiMo)."""
+    dc = cfg.get("dflash_config") or {}
+    return bool(dc.get("attention_sink_bias", cfg.get("add_swa_attention_sink_bias", False)))

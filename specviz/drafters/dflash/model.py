@@ -63,7 +63,10 @@ def _target_layer_ids_of(cfg: dict) -> list[int]:
 
 # --------------------------------------------------------------------------- the model
 class DFlashAttention(nn.Module):
-    def __init__(self, cfg: dict):
+    """Qwen3 attention of the block over [context, block]; ``sinks``: a learned per-head logit
+    that joins every softmax as one more key with a zero value (an attention sink)."""
+
+    def __init__(self, cfg: dict, sinks: bool = False):
         super().__init__()
         H = int(cfg["hidden_size"])
         self.n_heads = int(cfg["num_attention_heads"])
@@ -77,6 +80,9 @@ class DFlashAttention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, H, bias=bias)
         self.q_norm = _rms_norm(self.head_dim, eps)
         self.k_norm = _rms_norm(self.head_dim, eps)
+        if sinks:
+            self.attention_sink_bias = nn.Parameter(torch.zeros(self.n_heads))
+        self.sinks = sinks
 
     def kv(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys (k_norm + RoPE) and values [1, kv_heads, T, D] of x [1, T, H]."""
@@ -85,10 +91,11 @@ class DFlashAttention(nn.Module):
         v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         return apply_rope(k, cos, sin), v
 
-    def forward(self, x, ctx_k, ctx_v, cos, sin, window: int | None = None) -> torch.Tensor:
-        """Block rows ``x`` [1, t, H] attend to the context (positions 0..n-1) and to the whole
-        block (non-causal); ``window``: a sliding layer's keys are those less than ``window``
-        positions behind the query (the block sits at positions n..n+t-1)."""
+    def forward(self, x, ctx_k, ctx_v, cos, sin, window: int | None = None,
+                causal: bool = False) -> torch.Tensor:
+        """Block rows ``x`` [1, t, H] attend to the context (positions 0..n-1) and to the block
+        (all of it, or rows up to their own when ``causal``); ``window``: a sliding layer's keys
+        are those less than ``window`` positions behind the query (block at n..n+t-1)."""
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)
         q = apply_rope(q, cos, sin)
@@ -96,21 +103,35 @@ class DFlashAttention(nn.Module):
         n = ctx_k.shape[2]
         k = torch.cat([ctx_k, k], dim=2)
         v = torch.cat([ctx_v, v], dim=2)
-        mask = sliding_mask(n, t, window, x.device)
+        mask = block_mask(n, t, window, causal, x.device)
+        if self.sinks:   # one more key per head: logit = the sink, value 0
+            k = torch.cat([k, k.new_zeros(b, self.n_kv, 1, self.head_dim)], dim=2)
+            v = torch.cat([v, v.new_zeros(b, self.n_kv, 1, self.head_dim)], dim=2)
+            bias = q.new_zeros(1, self.n_heads, t, n + t + 1)
+            if mask is not None:
+                bias[..., :-1].masked_fill_(~mask, float("-inf"))
+            bias[..., -1] = self.attention_sink_bias.to(q.dtype).view(1, -1, 1)
+            mask = bias
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False,
                                              scale=self.head_dim ** -0.5,   # GQA: no K/V copies
                                              enable_gqa=self.n_heads != self.n_kv)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
-def sliding_mask(n: int, t: int, window: int | None, device) -> torch.Tensor | None:
-    """Keys a sliding layer's block rows may see [t, n + t] (True = attend), or None when the
-    window hides nothing: key j is seen by the query at position n + i iff n + i - j < window."""
-    if not window or n < window:
+def block_mask(n: int, t: int, window: int | None, causal: bool, device) -> torch.Tensor | None:
+    """Keys the block rows may see [t, n + t] (True = attend), or None when all of them:
+    the query at position n + i sees key j iff n + i - j < ``window`` (a sliding layer) and,
+    ``causal``, j <= n + i."""
+    if not causal and (not window or n < window):
         return None
     q = torch.arange(n, n + t, device=device).view(-1, 1)
-    keys = torch.cat([torch.arange(n, device=device), torch.arange(n, n + t, device=device)])
-    return (q - keys.view(1, -1)) < int(window)
+    keys = torch.arange(n + t, device=device).view(1, -1)
+    mask = torch.ones(t, n + t, dtype=torch.bool, device=device)
+    if window:
+        mask &= (q - keys) < int(window)
+    if causal:
+        mask &= keys <= q
+    return mask
 
 
 class DFlashMLP(nn.Module):
@@ -129,17 +150,19 @@ class DFlashMLP(nn.Module):
 
 
 class DFlashDecoderLayer(nn.Module):
-    """A Qwen3 layer over the block; ``window`` for a sliding layer; DFlash2 layers (``conv``
-    = (taps, group size, block size)) wrap attention and MLP in grouped block convolutions."""
+    """A Qwen3 layer over the block; ``attention`` = (sliding window or None, causal within the
+    block); DFlash2 layers (``conv`` = (taps, group size, block size)) wrap attention and MLP in
+    grouped block convolutions."""
 
-    def __init__(self, cfg: dict, window: int | None = None, conv: tuple | None = None):
+    def __init__(self, cfg: dict, attention: tuple = (None, False), conv: tuple | None = None,
+                 sinks: bool = False):
         super().__init__()
         H, eps = int(cfg["hidden_size"]), float(cfg.get("rms_norm_eps", 1e-6))
-        self.self_attn = DFlashAttention(cfg)
+        self.self_attn = DFlashAttention(cfg, sinks)
         self.mlp = DFlashMLP(cfg)
         self.input_layernorm = _rms_norm(H, eps)
         self.post_attention_layernorm = _rms_norm(H, eps)
-        self.window = window
+        self.window, self.causal = attention
         if conv is not None:
             from .dflash2 import GroupedConv
 
@@ -149,10 +172,11 @@ class DFlashDecoderLayer(nn.Module):
 
     def forward(self, x, ctx_k, ctx_v, cos, sin):
         if not self.conv:
-            x = x + self.self_attn(self.input_layernorm(x), ctx_k, ctx_v, cos, sin, self.window)
+            x = x + self.self_attn(self.input_layernorm(x), ctx_k, ctx_v, cos, sin, self.window,
+                                   self.causal)
             return x + self.mlp(self.post_attention_layernorm(x))
         h, coef = self.attention_conv.prepare(self.input_layernorm(x)[0])
-        h = self.self_attn(h.unsqueeze(0), ctx_k, ctx_v, cos, sin, self.window)[0]
+        h = self.self_attn(h.unsqueeze(0), ctx_k, ctx_v, cos, sin, self.window, self.causal)[0]
         x = x + self.attention_conv.finish(h, coef).unsqueeze(0)
         h, coef = self.mlp_conv.prepare(self.post_attention_layernorm(x)[0])
         return x + self.mlp_conv.finish(self.mlp(h), coef).unsqueeze(0)
@@ -182,15 +206,15 @@ class DFlashDraftModel(nn.Module):
         if self.mask_token_id is None and not self.learned_mask:
             raise ModelLoadError("DFlash config has neither dflash_config.mask_token_id nor "
                                  "dflash_config.learned_mask_embedding")
-        from .layouts import layer_windows, layout_of
+        from .layouts import has_sinks, layer_attentions, layout_of
 
         self.layout = layout_of(cfg)
         n_layers = int(cfg["num_hidden_layers"])
-        windows = layer_windows(cfg, n_layers)
+        attention = layer_attentions(cfg, n_layers)
         conv = None
         if self.layout == "dflash2":
             conv = (int(dc["conv_kernel_size"]), int(dc["conv_group_size"]), self.block_size)
-        self.layers = nn.ModuleList(DFlashDecoderLayer(cfg, windows[i], conv)
+        self.layers = nn.ModuleList(DFlashDecoderLayer(cfg, attention[i], conv, has_sinks(cfg))
                                     for i in range(n_layers))
         self.input_embedding_scale = float(dc.get("input_embedding_scale") or 1.0)
         self.output_multiplier = float(dc.get("output_multiplier") or 1.0)
