@@ -304,3 +304,13 @@ def test_dflash2_pieces_equal_vllms(tmp_path):
     mine_edges = score_edges(t["pred"], t["succ"], t["cand"], t["unary"], t["hid"], t["anchor"], k)
     assert torch.allclose(mine_conv, theirs["conv"], atol=1e-5)
     assert torch.allclose(mine_edges, theirs["edges"], atol=1e-5)
+
+
+def test_offline_paths_refuse_what_they_cannot_run(tmp_path):
+    from specviz.drafters.dflash.offline import forward_blocks
+    from specviz.errors import SettingsError
+
+    cfg = dflash2_config()
+    m = load_dflash_checkpoint(write_checkpoint(tmp_path / "d2", cfg, dflash2_weights(cfg)))
+    with pytest.raises(SettingsError, match="full-attention DFlash layout only"):
+        forward_blocks(m, torch.zeros(1, 4, 64), torch.tensor([0]), [])

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ...errors import SettingsError
 from .model import DFlashDraftModel, apply_rope
 
 
@@ -44,6 +45,11 @@ def forward_blocks(model: DFlashDraftModel, x: torch.Tensor, anchors: torch.Tens
     anchors[j] .. anchors[j]+B-1 and attends to the context rows < anchors[j] of the shared
     per-layer ``ctx_kv`` ([1, kv, n, D] each) and bidirectionally to itself.
     Equals ``model.forward_block(x[j:j+1], [kv[:, :, :a] ...], a)`` for each j."""
+    if any(layer.window or layer.causal or layer.conv or layer.self_attn.sinks
+           for layer in model.layers):
+        raise SettingsError("offline evaluation and training run the full-attention DFlash "
+                            "layout only (not sliding, causal, attention-sink or DFlash2 layers);"
+                            " decode with this drafter instead")
     K, B, _ = x.shape
     pos = anchors.view(K, 1) + torch.arange(B).view(1, B)
     cos, sin = model.rope(pos.reshape(-1), x)
