@@ -69,7 +69,7 @@ def test_served_ngram_runs_rebuild_and_match_local_ar(endpoint, embedded_target)
     from tests.conftest import example_prompts
 
     assert endpoint.speculative
-    settings = DecodeSettings(max_new_tokens=32)
+    settings = DecodeSettings(max_new_tokens=24)
     prompts = [p["prompt"] for p in example_prompts(4)]
     assert len(prompts) >= 20
     steps = agreed = differ = 0
@@ -88,7 +88,7 @@ def test_served_ngram_runs_rebuild_and_match_local_ar(endpoint, embedded_target)
                                    tr.output_ids).near_tie, text
     print(f"\nserved ngram: {agreed}/{steps} draft steps rebuilt in agreement on "
           f"{len(prompts)} prompts; greedy text differs from specviz AR on {differ}")
-    assert steps > 100 and agreed == steps
+    assert steps > 60 and agreed == steps
 
 
 def test_cli_served_and_bench_endpoint(vllm_server, tmp_path, capsys):
@@ -104,13 +104,13 @@ def test_cli_served_and_bench_endpoint(vllm_server, tmp_path, capsys):
     tr = Trace.load(out)
     assert tr.meta["served"]["endpoint"] == vllm_server.url and tr.new_tokens > 0
     assert main(["bench", "--data", "examples/prompts.jsonl:1", "--categories", "code",
-                 "--methods", "pld", "--max-new-tokens", "16", "--endpoint",
-                 f"vllm-ngram={vllm_server.url}", "--concurrency", "1,2",
+                 "--methods", "pld", "--max-new-tokens", "12", "--endpoint",
+                 f"vllm-ngram={vllm_server.url}", "--concurrency", "2",
                  "--out", str(tmp_path / "b")]) == 0
     text = capsys.readouterr().out
     bench = json.loads((tmp_path / "b" / "bench.json").read_text())
     assert {r["method"] for r in bench["table"]} == {"ar", "pld", "vllm-ngram"}
-    assert [r["concurrency"] for r in bench["meta"]["throughput"]] == [1, 2]
+    assert [r["concurrency"] for r in bench["meta"]["throughput"]] == [2]
     assert bench["meta"]["accepted_length_histogram"]["vllm-ngram"]
     assert "served throughput" in text
 
