@@ -412,6 +412,7 @@ def test_bundled_drafter_greedy_lossless_on_real_prompts(embedded_target):
 
 
 @pytest.mark.integration
+@pytest.mark.slow   # ~1.5 min; the default cut on real prompts runs with trees (test_block_tree)
 def test_bundled_drafter_with_the_cost_aware_cut_is_lossless_on_real_prompts(embedded_target):
     """The default cut (verify only the prefix of the block that pays on this machine) never
     changes the output: greedy lossless on 20 prompts, every round drafting what the cut kept."""

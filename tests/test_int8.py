@@ -72,6 +72,7 @@ def test_auto_keeps_small_drafters_float_and_bad_values_fail(tiny_target):
 
 
 @pytest.mark.integration
+@pytest.mark.slow   # ~2 min; int8 lossless on tiny models runs by default
 def test_bundled_drafter_in_int8_is_lossless_and_close_to_float(embedded_target):
     """The bundled drafter in int8 on real prompts: output identical to AR, and its drafts
     agree with the float drafter's on most slots (same network, quantized weights)."""

@@ -135,6 +135,7 @@ def test_replay_runs_no_target_forward_and_checks_layers(tiny_target, monkeypatc
 
 
 @pytest.mark.integration
+@pytest.mark.slow   # ~5 min; replay = session is checked on tiny models in the default run
 @pytest.mark.parametrize("method", ["pld", "dflash"])
 def test_replay_and_edr_equal_real_greedy_sessions_on_embedded_prompts(embedded_target, method):
     """20 real prompts: the replayed rounds are the live rounds, one for one, and EDR's expected
