@@ -11,12 +11,10 @@ of the whole batch, plus the mean request latency.
 """
 from __future__ import annotations
 
-import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from .client import complete
+from .client import complete, complete_all
 from .ngram_rule import NgramConfig
 from .run import Endpoint, completion_trace
 
@@ -47,8 +45,8 @@ class EndpointRuns:
         self.labels = list(endpoints)
 
     def __call__(self, item):
+        ids = self.target.encode_prompt(item.text, self.settings.chat_template)
         for label, ep in self.endpoints.items():
-            ids = self.target.encode_prompt(item.text, self.settings.chat_template)
             c = complete(ep.info.url, ep.info.model, ids, self.settings.max_new_tokens,
                          self.settings.temperature, self.settings.top_p, self.settings.seed)
             trace = completion_trace(self.target, ep, c, item.text, self.settings,
@@ -71,19 +69,10 @@ class ThroughputRow:
 def throughput(label: str, ep: Endpoint, prompt_ids: list[list[int]], max_tokens: int,
                concurrency: int, progress: Callable[[int], None] | None = None) -> ThroughputRow:
     """Every prompt once, ``concurrency`` requests in flight (greedy); batch tokens/s."""
-    lat: list[float] = []
-    toks = 0
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        futs = [pool.submit(complete, ep.info.url, ep.info.model, ids, max_tokens)
-                for ids in prompt_ids]
-        for f in as_completed(futs):
-            c = f.result()
-            toks += len(c.output_ids)
-            lat.append(c.wall_s)
-            if progress:
-                progress(1)
-    wall = time.perf_counter() - t0
+    done, wall = complete_all(ep.info.url, ep.info.model, prompt_ids, max_tokens, concurrency,
+                              progress=progress)
+    toks = sum(len(c.output_ids) for c in done)
+    lat = [c.wall_s for c in done]
     return ThroughputRow(label, concurrency, len(prompt_ids), toks, round(wall, 3),
                          round(toks / wall, 2) if wall > 0 else 0.0,
                          round(sum(lat) / max(1, len(lat)), 3))

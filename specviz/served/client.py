@@ -129,3 +129,21 @@ def complete(url: str, model: str, prompt_ids: list[int], max_tokens: int,
                       finish_reason=ch.get("finish_reason"),
                       spec=metrics.get("speculative_decoding"), wall_s=wall,
                       text=str(ch.get("text") or ""), raw_metrics=metrics)
+
+
+def complete_all(url: str, model: str, prompt_ids: list[list[int]], max_tokens: int,
+                 concurrency: int, temperature: float = 0.0, seed: int | None = None,
+                 progress=None) -> tuple[list[Completion], float]:
+    """Every prompt once with ``concurrency`` requests in flight (the server batches them):
+    (completions in prompt order, wall time of the whole set). ``progress(1)`` per answer."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        futs = [pool.submit(complete, url, model, ids, max_tokens, temperature, 1.0, seed)
+                for ids in prompt_ids]
+        for f in as_completed(futs):
+            f.result()
+            if progress:
+                progress(1)
+    return [f.result() for f in futs], time.perf_counter() - t0

@@ -68,25 +68,15 @@ def endpoint_replies(url: str, prompts: list[tuple[str, list[int]]], max_new_tok
                      progress=None) -> Replies:
     """The same replies from a running vLLM server, ``concurrency`` requests in flight (its
     continuous batching); the wall time of the whole set is the generation time."""
-    import time
-    from concurrent.futures import ThreadPoolExecutor
-
-    from .client import complete, server_info
+    from .client import complete_all, server_info
 
     info = server_info(url)
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        futs = {k: pool.submit(complete, info.url, info.model, ids, max_new_tokens, temperature,
-                               1.0, seed) for k, ids in prompts}
-        done = {}
-        for k, f in futs.items():
-            done[k] = f.result()
-            if progress:
-                progress(1)
-    gen = time.perf_counter() - t0
-    return Replies({k: c.output_ids for k, c in done.items()},
-                   {k: c.finish_reason for k, c in done.items()},
-                   sum(len(c.output_ids) for c in done.values()), gen, 0.0)
+    done, gen = complete_all(info.url, info.model, [ids for _, ids in prompts], max_new_tokens,
+                             concurrency, temperature, seed, progress)
+    keys = [k for k, _ in prompts]
+    return Replies({k: c.output_ids for k, c in zip(keys, done)},
+                   {k: c.finish_reason for k, c in zip(keys, done)},
+                   sum(len(c.output_ids) for c in done), gen, 0.0)
 
 
 def _env() -> dict:

@@ -115,8 +115,9 @@ class DFlashDrafter(GatedBlock, Drafter):
         model, self.weights = drafter_model(model, checkpoint, target, dev, self.dtype,
                                             s["weights"])
         self.block_size = check_block_size(s["block_size"], int(model.block_size))
+        self._selector: dict | None = None   # DFlash2: the last block's selector walk
         if model.layout == "dflash2":   # the candidate selector drafts left to right
-            self.chains, self._selector = True, None
+            self.chains = True
         self.target, self.model, self.device = target, model, torch.device(dev)
         self.checkpoint = None if checkpoint is None else str(checkpoint)
         self.draft_temperature, self.seed = s["draft_temperature"], s["seed"]
@@ -238,10 +239,8 @@ class DFlashDrafter(GatedBlock, Drafter):
         if self._drafts_tree():
             return self._propose_tree(probs, words, k, extras)
         draft = self._propose_chain(probs, logits, chain, words, k, extras)
-        if getattr(self, "_selector", None) and draft.tokens:   # DFlash2: the selector's walk
-            sel = self._selector
-            n = len(draft.tokens)
-            extras["selector"] = {key: v[:n] for key, v in sel.items()}
+        if self._selector and draft.tokens:   # DFlash2: the selector's walk, as far as kept
+            extras["selector"] = {k: v[:len(draft.tokens)] for k, v in self._selector.items()}
         return draft
 
     def _propose_chain(self, probs: torch.Tensor, logits: torch.Tensor | None,
