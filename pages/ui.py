@@ -15,7 +15,7 @@ from specviz.viz.charts import (block_confidences, fig_accepted_hist, fig_confid
 from specviz.viz.prompt import copied_from_prompt, prompt_html
 from specviz.viz.rounds import WAIT_SHOWN_S, round_summary_html
 from specviz.viz.stats import live_metrics, trace_prefix
-from specviz.viz.tables import (CompareRun, position_table, rounds_table, selector_table,
+from specviz.viz.tables import (CHAIN_VIEWS, CompareRun, position_table, rounds_table,
                                 to_csv_bytes, topk_table)
 from specviz.viz.tokens import legend_html, tokens_html
 from specviz.viz.tree import block_tree_figure
@@ -246,8 +246,7 @@ def _tokens_section(trace: Trace, view: Trace, sel: int, prefix: str) -> None:
     if sel:
         st.html(round_summary_html(view, sel - 1))
         _topk_section(view, sel - 1)
-        if (view.rounds[sel - 1].extras or {}).get("selector"):
-            _selector_section(view, sel - 1)
+        _chain_section(view, sel - 1)
     with st.expander(f"Prompt as the model saw it ({len(trace.prompt_ids)} tokens, chat "
                      "template included)"):
         if sel and copied_from_prompt(view, sel - 1):
@@ -275,15 +274,13 @@ def _topk_section(view: Trace, i: int) -> None:
                          "drafter_topk": "drafter's top-k", "target_topk": "target's top-k"})
 
 
-def _selector_section(view: Trace, i: int) -> None:
-    """Round ``i`` of a DFlash2 drafter: each slot's top-K candidates and the walk's path."""
-    with st.expander("DFlash2 candidate selector: top-K per slot and the chosen path",
-                     expanded=True):
-        st.caption("DFlash2 scores each slot's top-K words (unary logit in brackets) and picks "
-                   "the block left to right by edge scores between neighbouring candidates: "
-                   "▶ marks the candidate the walk chose, which need not be the slot's best "
-                   "unary word.")
-        st.dataframe(selector_table(view, i), hide_index=True, width="stretch")
+def _chain_section(view: Trace, i: int) -> None:
+    """Round ``i`` of a DFlash2 or Domino drafter: how its left-to-right pass chose the words."""
+    for key, (title, caption, table) in CHAIN_VIEWS.items():
+        if (view.rounds[i].extras or {}).get(key):
+            with st.expander(title, expanded=True):
+                st.caption(caption)
+                st.dataframe(table(view, i), hide_index=True, width="stretch")
 
 
 def _chart(fig, key: str) -> None:

@@ -117,6 +117,13 @@ class Selector(_Record):
     path: list[Count] = []
 
 
+class Domino(_Record):
+    """Domino's correction head in a round: the backbone's own word per slot and whether the
+    correction changed it (:mod:`specviz.drafters.dflash.domino`)."""
+    backbone: Ids = []
+    corrected: list[Annotated[int, Field(ge=0, le=1)]] = []
+
+
 class Extras(_Record):
     """What a drafter recorded of its round; every key a view reads, declared."""
     match: Match | None = None
@@ -142,6 +149,7 @@ class Extras(_Record):
     retrace: RetraceInfo | None = None
     served: Served | None = None
     selector: Selector | None = None
+    domino: Domino | None = None
 
 
 class RoundRecord(_Record):

@@ -1,7 +1,8 @@
 """The DFlash layouts published now (docs/methods/dflash.md#published-layouts): sliding-window
 DFlash and DFlash2, loaded strictly from tiny random checkpoints written with the published
 config keys and tensor names, greedy lossless on a tiny target; DFlash2's convolution and edge
-scores compared with vLLM's own functions on the same tensors (where .venv-vllm exists)."""
+scores compared with vLLM's own functions on the same tensors, and whole block forwards with
+vLLM's own layers (where .venv-vllm exists)."""
 from __future__ import annotations
 
 import copy
@@ -32,7 +33,7 @@ TAPS, GROUP, RANK, TOPK = 3, 16, 8, 4
 def dflash2_config(**over):
     """A DFlash2 config.json (z-lab's keys) sized for the tiny Qwen3 target."""
     cfg = published_config(architectures=["DFlash2DraftModel"],
-                           layer_types=["sliding_attention"] * 2, sliding_window=2048,
+                           layer_types=["sliding_attention"] * 2, sliding_window=2048, use_sliding_window=True,
                            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
     cfg.pop("block_size")
     cfg["dflash_config"] = {"block_size": 4, "mask_token_id": 127, "target_layer_ids": [0, 1, 2],
@@ -73,17 +74,20 @@ def test_layouts_are_told_apart_by_class_or_keys():
     del bad["dflash_config"]["selector_rank"]
     with pytest.raises(ModelLoadError, match="misses dflash_config.selector_rank"):
         layout_of(bad)
-    with pytest.raises(ModelLoadError, match="attention_value_scale"):
-        layout_of(published_config(dflash_config={"attention_value_scale": 2.0}))
-    with pytest.raises(ModelLoadError, match="domino"):
-        layout_of(published_config(projector_type="domino"))
+    scaled = published_config(is_neox_style=False)
+    scaled["dflash_config"]["attention_value_scale"] = 2.0
+    assert layout_of(scaled) == "dflash"                         # run, not refused
+    with pytest.raises(ModelLoadError, match="two layouts: dflash2, domino"):
+        layout_of(dflash2_config(projector_type="domino"))
 
 
 def test_layer_attention_resolved_as_vllm_does():
     """(window, causal) per layer: the rules of vLLM's _resolve_layer_attention."""
     full, slide = "full_attention", "sliding_attention"
-    mixed = published_config(layer_types=[slide, full], sliding_window=6)
+    mixed = published_config(layer_types=[slide, full], sliding_window=6, use_sliding_window=True)
     assert layer_attentions(mixed, 2) == [(6, True), (None, False)]   # sliding layers causal
+    with pytest.raises(ModelLoadError, match="no window"):   # Qwen3Config drops the window
+        layer_attentions(dict(mixed, use_sliding_window=False), 2)
     assert layer_attentions(published_config(), 2) == [(None, False)] * 2
     mimo = published_config(dflash_config={"use_swa": True, "swa_window_size": 5,
                                            "mask_token_id": 127, "target_layer_ids": [0]})
@@ -129,7 +133,8 @@ def test_attention_sinks_join_the_softmax():
 
 # ---------------------------------------------------------------- strict loads
 def test_swa_checkpoint_loads_and_is_lossless(tmp_path, qwen3_target):
-    cfg = published_config(layer_types=["sliding_attention", "full_attention"], sliding_window=5)
+    cfg = published_config(layer_types=["sliding_attention", "full_attention"], sliding_window=5,
+                           use_sliding_window=True)
     cfg.pop("block_size")
     cfg["dflash_config"]["block_size"] = 4
     folder = write_checkpoint(tmp_path / "swa", cfg, published_weights(cfg))
@@ -314,3 +319,76 @@ def test_offline_paths_refuse_what_they_cannot_run(tmp_path):
     m = load_dflash_checkpoint(write_checkpoint(tmp_path / "d2", cfg, dflash2_weights(cfg)))
     with pytest.raises(SettingsError, match="full-attention DFlash layout only"):
         forward_blocks(m, torch.zeros(1, 4, 64), torch.tensor([0]), [])
+
+
+# ---------------------------------------------------------------- against vLLM's layers
+def _vllm_forward(tmp_path, cfg, w, n=7):
+    """Run tests/vllm_dflash_forward.py (vLLM's own layers) and specviz's model on the same
+    weights and inputs: (vLLM's outputs, specviz's model, the inputs)."""
+    from pathlib import Path
+
+    from specviz.errors import SpecvizError
+    from specviz.served.server import vllm_python
+
+    try:
+        py = vllm_python()
+    except SpecvizError as exc:
+        pytest.skip(str(exc))
+    folder = write_checkpoint(tmp_path / "ckpt", cfg, w)
+    m = load_dflash_checkpoint(folder)
+    g = torch.Generator().manual_seed(3)
+    H, V, k = cfg["hidden_size"], cfg["vocab_size"], len(m.target_layer_ids)
+    t = {"state": w, "context": torch.randn(n, k * H, generator=g),
+         "block_emb": torch.randn(m.block_size, H, generator=g),
+         "lm_head": 0.3 * torch.randn(V, H, generator=g), "anchor": torch.tensor(5)}
+    torch.save(t, tmp_path / "in.pt")
+    script = Path(__file__).with_name("vllm_dflash_forward.py")
+    res = subprocess.run([str(py), str(script), str(folder / "config.json"),
+                          str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    with torch.no_grad():
+        mine = m.forward_block(t["block_emb"][None], m.context_kv(t["context"][None],
+                                                                  torch.arange(n)), n)[0]
+    return torch.load(tmp_path / "out.pt"), m, t, mine
+
+
+def test_dflash2_block_forward_equals_vllms_layers(tmp_path):
+    """A DFlash2 block through vLLM's DFlash2Qwen3DecoderLayer x2, final norm, candidate top-K
+    (LogitsProcessor: multiplier, softcap) and CandidateSelector equals specviz's."""
+    from specviz.drafters.dflash.dflash2 import capped_top_k
+
+    cfg = dflash2_config()
+    theirs, m, t, h = _vllm_forward(tmp_path, cfg, dflash2_weights(cfg))
+    assert torch.allclose(h, theirs["hidden"], atol=1e-5)
+    head = torch.nn.Linear(h.shape[1], cfg["vocab_size"], bias=False)
+    with torch.no_grad():
+        head.weight.copy_(t["lm_head"])
+        ids, unary = capped_top_k(m.draft_scores(h[1:], head, None), TOPK, m.output_multiplier,
+                                  m.logit_softcap)
+        edges = m.candidate_selector(ids[None], unary[None], h[1:][None], t["anchor"].view(1))[0]
+    assert torch.equal(ids, theirs["ids"])
+    assert torch.allclose(unary, theirs["unary"], atol=1e-5)
+    assert torch.allclose(edges, theirs["edges"], atol=1e-4)
+    assert greedy_walk(edges) == greedy_walk(theirs["edges"])
+
+
+def test_sliding_sink_scaled_interleaved_forward_equals_vllms_layers(tmp_path):
+    """A DFlash drafter with a sliding causal layer (window 3, shorter than the context), a
+    full layer, attention sinks, a value scale and interleaved RoPE, through vLLM's
+    DFlashQwen3DecoderLayer (its own window/causality resolution, q/k norms, RoPE style)."""
+    cfg = published_config(layer_types=["sliding_attention", "full_attention"], sliding_window=3,
+                           use_sliding_window=True, is_neox_style=False)
+    cfg["dflash_config"].update(attention_sink_bias=True, attention_value_scale=0.5)
+    w = published_weights(cfg)
+    for i in range(2):
+        w[f"layers.{i}.self_attn.attention_sink_bias"] = torch.tensor([0.5, -1.0, 1.0, 0.0])
+    theirs, m, t, h = _vllm_forward(tmp_path, cfg, w)
+    assert [(layer.window, layer.causal) for layer in m.layers] == [(3, True), (None, False)]
+    assert torch.allclose(h, theirs["hidden"], atol=1e-5)
+    neox = dict(cfg, is_neox_style=True)    # the RoPE style matters: the check can tell
+    m2 = load_dflash_checkpoint(write_checkpoint(tmp_path / "neox", neox, w))
+    with torch.no_grad():
+        h2 = m2.forward_block(t["block_emb"][None], m2.context_kv(t["context"][None],
+                                                                  torch.arange(7)), 7)[0]
+    assert not torch.allclose(h2, theirs["hidden"], atol=1e-3)

@@ -240,3 +240,34 @@ def selector_table(trace: Trace, i: int) -> pd.DataFrame:
                      "verdict": TOPK_VERDICTS.get(status[slot], status[slot])
                      if slot < len(status) else "—"})
     return pd.DataFrame(rows, columns=cols)
+
+
+def domino_table(trace: Trace, i: int) -> pd.DataFrame:
+    """Domino's correction head in round ``i``, slot by slot: the backbone's own word, the word
+    drafted after the GRU correction, whether the correction changed it, and the verdict;
+    empty for rounds of other drafters."""
+    cols = ["slot", "backbone", "drafted", "corrected", "verdict"]
+    if not 0 <= i < len(trace.rounds):
+        return pd.DataFrame(columns=cols)
+    r, texts = trace.rounds[i], trace.token_texts
+    info = (r.extras or {}).get("domino") or {}
+    status = r.node_status(sampling=not _greedy(trace))
+    rows = [{"slot": slot + 1, "backbone": join_tokens([b], texts),
+             "drafted": join_tokens([d], texts), "corrected": "yes" if c else "no",
+             "verdict": TOPK_VERDICTS.get(status[slot], status[slot])
+             if slot < len(status) else "—"}
+            for slot, (b, d, c) in enumerate(zip(info.get("backbone", []), r.draft,
+                                                 info.get("corrected", [])))]
+    return pd.DataFrame(rows, columns=cols)
+
+
+CHAIN_VIEWS = {   # extras key -> (title, caption, table) of a drafter that drafts left to right
+    "selector": ("DFlash2 candidate selector: top-K per slot and the chosen path",
+                 "DFlash2 scores each slot's top-K words (unary logit in brackets) and picks the "
+                 "block left to right by edge scores between neighbouring candidates: ▶ marks "
+                 "the candidate the walk chose, which need not be the slot's best unary word.",
+                 selector_table),
+    "domino": ("Domino correction: the backbone's word and the drafted one per slot",
+               "Domino's backbone drafts every slot at once; a GRU over the words drafted so far "
+               "adds a logit correction from the second word on. 'corrected' marks the slots "
+               "where that changed the backbone's word.", domino_table)}

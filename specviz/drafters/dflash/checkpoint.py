@@ -85,6 +85,9 @@ def load_dflash_checkpoint(checkpoint: str | Path, device: str | torch.device = 
     state = _read_weights(folder)
     model = _model_from_config(cfg)
     dv = _pop_draft_vocab(state, cfg, folder)
+    if dv is not None and model.layout != "dflash":
+        raise ModelLoadError(f"DFlash checkpoint {folder.name}: a draft vocabulary goes with the "
+                             f"plain DFlash layout only, not {model.layout}")
     _check_layout(model.state_dict(), state, folder)
     model.load_state_dict(state, strict=True)
     model.draft_vocab = dv
@@ -209,7 +212,9 @@ def save_dflash_checkpoint(model: DFlashDraftModel, folder: str | Path) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     cfg = dict(model.config)
-    cfg["architectures"] = [ARCHITECTURE if model.layout == "dflash" else "DFlash2DraftModel"]
+    from .layouts import ARCHITECTURES
+
+    cfg["architectures"] = [next(a for a, lay in ARCHITECTURES.items() if lay == model.layout)]
     cfg["model_type"] = "qwen3"
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     if state:

@@ -115,8 +115,9 @@ class DFlashDrafter(GatedBlock, Drafter):
         model, self.weights = drafter_model(model, checkpoint, target, dev, self.dtype,
                                             s["weights"])
         self.block_size = check_block_size(s["block_size"], int(model.block_size))
-        self._selector: dict | None = None   # DFlash2: the last block's selector walk
-        if model.layout == "dflash2":   # the candidate selector drafts left to right
+        # DFlash2's selector walk or Domino's corrections in the last block: (extras key, info)
+        self._chain_info: tuple[str, dict] | None = None
+        if model.layout in ("dflash2", "domino"):   # both draft the block left to right
             self.chains = True
         self.target, self.model, self.device = target, model, torch.device(dev)
         self.checkpoint = None if checkpoint is None else str(checkpoint)
@@ -179,23 +180,36 @@ class DFlashDrafter(GatedBlock, Drafter):
     def block_hidden(self, tokens: list[int]) -> torch.Tensor:
         """Final hidden states [B-1, H] of slots 1..B-1 for the committed ``tokens`` (one
         drafter forward; kept in ``self.last_hidden``). Call under the target's lock."""
+        return self.block_states(tokens)[1:]
+
+    def block_states(self, tokens: list[int]) -> torch.Tensor:
+        """Final hidden states [B, H] of every slot, the anchor's first (one drafter forward;
+        slots 1..B-1 kept in ``self.last_hidden``). Call under the target's lock."""
         x = self.block_input(tokens)
-        h = self.model.forward_block(x, self._context_kv(), len(tokens) - 1)[0, 1:]
-        self.last_hidden = h
+        h = self.model.forward_block(x, self._context_kv(), len(tokens) - 1)[0]
+        self.last_hidden = h[1:]
         return h
 
     def draft_logits(self, tokens: list[int], k: int) -> tuple[torch.Tensor, list[int] | None]:
         """(logits [k, V] of slots 1..k on the CPU, the drafted tokens when the drafter chose
-        them itself -- left to right, as DSpark and DFlash2's candidate selector do -- else
-        None: argmax / sampling follow)."""
-        if self.model.layout == "dflash2":
+        them itself -- left to right, as DSpark, DFlash2's candidate selector and Domino do --
+        else None: argmax / sampling follow)."""
+        layout = self.model.layout
+        if layout in ("dflash2", "domino"):
             from .dflash2 import select_block
+            from .domino import domino_block
 
             head = self.target.model.get_output_embeddings()
+            T, g = self.draft_temperature, self.generator
             with self.target.lock, torch.inference_mode():
-                rows, chain, self._selector = select_block(
-                    self.model, self.block_hidden(tokens)[:k], head, tokens[-1],
-                    self.draft_temperature, self.generator)
+                if layout == "dflash2":
+                    rows, chain, info = select_block(self.model, self.block_hidden(tokens)[:k],
+                                                     head, tokens[-1], T, g)
+                else:
+                    rows, chain, info = domino_block(
+                        self.model, self.block_states(tokens), head,
+                        self.target.model.get_input_embeddings(), tokens[-1], k, T, g)
+            self._chain_info = ("selector" if layout == "dflash2" else "domino", info)
             return rows, chain
         return self.block_logits(tokens)[:k].cpu(), None
 
@@ -239,8 +253,9 @@ class DFlashDrafter(GatedBlock, Drafter):
         if self._drafts_tree():
             return self._propose_tree(probs, words, k, extras)
         draft = self._propose_chain(probs, logits, chain, words, k, extras)
-        if self._selector and draft.tokens:   # DFlash2: the selector's walk, as far as kept
-            extras["selector"] = {k: v[:len(draft.tokens)] for k, v in self._selector.items()}
+        if self._chain_info and draft.tokens:   # DFlash2's walk / Domino's corrections, as kept
+            key, info = self._chain_info
+            extras[key] = {name: v[:len(draft.tokens)] for name, v in info.items()}
         return draft
 
     def _propose_chain(self, probs: torch.Tensor, logits: torch.Tensor | None,

@@ -11,32 +11,43 @@ apart from config.json alone.
   ``dflash_config`` with the DFlash2 keys (SGLang's); grouped block convolutions and the
   candidate selector (:mod:`.dflash2`) on the same layers. Needs ``conv_kernel_size``,
   ``conv_group_size``, ``selector_rank``, ``selector_top_k``.
+* ``domino``: ``architectures: ["DominoDraftModel"]`` or ``projector_type`` ``domino`` (or its
+  older name ``causal_v5``) in ``dflash_config``: the DFlash backbone plus a GRU correction
+  head (:mod:`.domino`). Needs ``gru_hidden_dim`` and ``emb_dim`` (``dflash_config``, or
+  ``emb_dim`` at the top level); ``pure_draft_prefix_len`` must be 1 and ``shift_label`` a
+  boolean (default true), as SGLang checks them.
 
-Refused by name, as specviz cannot run them: the ``domino`` projector (no public reference
-implementation), ``dflash_config.attention_value_scale`` and interleaved RoPE
-(``is_neox_style: false``).
+Every layout also takes ``dflash_config.attention_value_scale`` (values scaled) and
+``is_neox_style: false`` (interleaved RoPE). The top-level ``sliding_window`` counts only with
+``use_sliding_window: true``, as transformers' Qwen3Config (which vLLM and SGLang load) keeps it.
 """
 from __future__ import annotations
 
 from ...models import ModelLoadError
 
-ARCHITECTURES = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
+ARCHITECTURES = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2",
+                 "DominoDraftModel": "domino"}
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-LAYOUTS = ("dflash", "dflash2")
+DOMINO_PROJECTORS = ("domino", "causal_v5")
+LAYOUTS = ("dflash", "dflash2", "domino")
 
 
 def layout_of(cfg: dict) -> str:
-    """``dflash`` or ``dflash2`` (module docstring); a ModelLoadError naming what is missing or
-    unsupported otherwise."""
+    """``dflash``, ``dflash2`` or ``domino`` (module docstring); a ModelLoadError naming what
+    is missing or unsupported otherwise."""
     arch = [str(a) for a in (cfg.get("architectures") or [])]
     dc = cfg.get("dflash_config") or {}
     if not isinstance(dc, dict):
         raise ModelLoadError("DFlash config: dflash_config must be an object")
     by_arch = {ARCHITECTURES[a] for a in arch if a in ARCHITECTURES}
     by_keys = {"dflash2"} if any(k in dc for k in DFLASH2_KEYS) else set()
-    if len(by_arch) > 1:
-        raise ModelLoadError(f"DFlash config names two layouts: architectures {arch}")
-    layout = "dflash2" if by_keys or "dflash2" in by_arch else ("dflash" if by_arch else None)
+    if str(dc.get("projector_type") or cfg.get("projector_type") or "") in DOMINO_PROJECTORS:
+        by_keys.add("domino")
+    named = by_keys | (by_arch - {"dflash"})
+    if len(by_arch) > 1 or len(named) > 1:
+        raise ModelLoadError(f"DFlash config names two layouts: {', '.join(sorted(named))} "
+                             f"(architectures {arch})")
+    layout = next(iter(named)) if named else ("dflash" if by_arch else None)
     if layout is None:
         raise ModelLoadError(f"not a DFlash drafter: architectures {arch} (expected one of "
                              f"{', '.join(ARCHITECTURES)})")
@@ -45,25 +56,42 @@ def layout_of(cfg: dict) -> str:
         if missing:
             raise ModelLoadError("DFlash2 config misses "
                                  + ", ".join(f"dflash_config.{k}" for k in missing))
-    unsupported = []
-    if str(cfg.get("projector_type") or dc.get("projector_type") or "") == "domino":
-        unsupported.append("projector_type 'domino'")
-    if dc.get("attention_value_scale") is not None:
-        unsupported.append("dflash_config.attention_value_scale")
-    if cfg.get("is_neox_style") is False:
-        unsupported.append("is_neox_style false (interleaved RoPE)")
-    if unsupported:
-        raise ModelLoadError(f"DFlash {layout} variant not supported: {', '.join(unsupported)} "
-                             "(supported: " + ", ".join(LAYOUTS) + " with full or sliding, "
-                             "causal or non-causal attention and attention sinks)")
+    if layout == "domino":
+        domino_dims(cfg)
     return layout
+
+
+def domino_dims(cfg: dict) -> dict:
+    """Domino's head settings from its config (gru_hidden_dim, emb_dim, shift_label), checked
+    as SGLang checks them; a ModelLoadError names the first problem."""
+    dc = cfg.get("dflash_config") or {}
+    emb, top = dc.get("emb_dim"), cfg.get("emb_dim")
+    if emb is not None and top is not None and int(emb) != int(top):
+        raise ModelLoadError(f"Domino config: emb_dim differs (dflash_config {emb}, top level "
+                             f"{top})")
+    emb = emb if emb is not None else top
+    missing = [n for n, v in (("gru_hidden_dim", dc.get("gru_hidden_dim")), ("emb_dim", emb))
+               if v is None]
+    if missing:
+        raise ModelLoadError("Domino config misses " + ", ".join(f"dflash_config.{k}"
+                                                                 for k in missing))
+    prefix = dc.get("pure_draft_prefix_len", 1)
+    if prefix != 1:
+        raise ModelLoadError(f"Domino config: pure_draft_prefix_len must be 1 (the first word is "
+                             f"the backbone's alone), got {prefix}")
+    shift = dc.get("shift_label", True)
+    if not isinstance(shift, bool):
+        raise ModelLoadError(f"Domino config: shift_label must be true or false, got {shift!r}")
+    return {"gru_hidden_dim": int(dc["gru_hidden_dim"]), "emb_dim": int(emb),
+            "shift_label": shift}
 
 
 def layer_attention(cfg: dict, i: int) -> tuple[int | None, bool]:
     """(sliding window or None, causal within the block) of drafter layer ``i``, resolved as
     vLLM resolves it (``models/qwen3_dflash.py``): ``dflash_config.use_swa`` makes every layer
     sliding unless ``layer_types`` already names sliding layers; otherwise ``layer_types[i]``
-    decides; the window is ``dflash_config.swa_window_size``, else ``sliding_window``.
+    decides; the window is ``dflash_config.swa_window_size``, else ``sliding_window`` when
+    ``use_sliding_window`` is true (transformers' Qwen3Config drops it otherwise).
     Causality: ``is_causal``, else ``dflash_config.causal``, else a ``layer_types`` layer is
     causal exactly when it slides (z-lab's mixed drafters); without ``layer_types``, non-causal.
     """
@@ -75,10 +103,12 @@ def layer_attention(cfg: dict, i: int) -> tuple[int | None, bool]:
         else types[i] == "sliding_attention"
     window = None
     if sliding:
-        window = dc.get("swa_window_size", cfg.get("sliding_window"))
+        top = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
+        window = dc.get("swa_window_size", top)
         if window is None:
             raise ModelLoadError("DFlash config has sliding layers but no window "
-                                 "(dflash_config.swa_window_size or sliding_window)")
+                                 "(dflash_config.swa_window_size, or sliding_window with "
+                                 "use_sliding_window: true)")
     if cfg.get("is_causal") is not None:
         causal = bool(cfg["is_causal"])
     elif dc.get("causal") is not None:

@@ -40,10 +40,18 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [1, heads, T, D]; cos/sin [1, T, D]."""
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               interleaved: bool = False) -> torch.Tensor:
+    """x [1, heads, T, D]; cos/sin [1, T, D] (the frequencies twice, as HF builds them).
+    NeoX style rotates the pairs (i, i + D/2); ``interleaved`` (``is_neox_style: false``)
+    rotates the pairs (2i, 2i + 1) by frequency i."""
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return x * cos + _rotate_half(x) * sin
+    if not interleaved:
+        return x * cos + _rotate_half(x) * sin
+    half = x.shape[-1] // 2
+    cos, sin = cos[..., :half], sin[..., :half]
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1).flatten(-2)
 
 
 def _block_size_of(cfg: dict) -> int | None:
@@ -64,7 +72,9 @@ def _target_layer_ids_of(cfg: dict) -> list[int]:
 # --------------------------------------------------------------------------- the model
 class DFlashAttention(nn.Module):
     """Qwen3 attention of the block over [context, block]; ``sinks``: a learned per-head logit
-    that joins every softmax as one more key with a zero value (an attention sink)."""
+    that joins every softmax as one more key with a zero value (an attention sink). From the
+    config: ``dflash_config.attention_value_scale`` multiplies every value (context and block,
+    as vLLM does), ``is_neox_style: false`` rotates interleaved pairs."""
 
     def __init__(self, cfg: dict, sinks: bool = False):
         super().__init__()
@@ -83,13 +93,21 @@ class DFlashAttention(nn.Module):
         if sinks:
             self.attention_sink_bias = nn.Parameter(torch.zeros(self.n_heads))
         self.sinks = sinks
+        v_scale = (cfg.get("dflash_config") or {}).get("attention_value_scale")
+        self.v_scale = None if v_scale is None else float(v_scale)
+        self.interleaved = cfg.get("is_neox_style", True) is False
+
+    def rope(self, x: torch.Tensor, cos, sin) -> torch.Tensor:
+        return apply_rope(x, cos, sin, self.interleaved)
 
     def kv(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys (k_norm + RoPE) and values [1, kv_heads, T, D] of x [1, T, H]."""
         b, t, _ = x.shape
         k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        return apply_rope(k, cos, sin), v
+        if self.v_scale is not None:
+            v = v * self.v_scale
+        return self.rope(k, cos, sin), v
 
     def forward(self, x, ctx_k, ctx_v, cos, sin, window: int | None = None,
                 causal: bool = False) -> torch.Tensor:
@@ -98,7 +116,7 @@ class DFlashAttention(nn.Module):
         are those less than ``window`` positions behind the query (block at n..n+t-1)."""
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.head_dim)).transpose(1, 2)
-        q = apply_rope(q, cos, sin)
+        q = self.rope(q, cos, sin)
         k, v = self.kv(x, cos, sin)
         n = ctx_k.shape[2]
         k = torch.cat([ctx_k, k], dim=2)
@@ -225,6 +243,14 @@ class DFlashDraftModel(nn.Module):
             self.candidate_selector = CandidateSelector(H, int(cfg["vocab_size"]),
                                                         int(dc["selector_rank"]),
                                                         int(dc["selector_top_k"]))
+        self.shift_label = False   # slot i predicts its own position (Domino may shift)
+        if self.layout == "domino":
+            from .domino import add_domino_head
+            from .layouts import domino_dims
+
+            d = domino_dims(cfg)
+            self.shift_label = d["shift_label"]
+            add_domino_head(self, H, d["gru_hidden_dim"], d["emb_dim"], int(cfg["vocab_size"]))
         self.fc = nn.Linear(len(self.target_layer_ids) * H, H, bias=False)
         self.hidden_norm = _rms_norm(H, eps)
         self.norm = _rms_norm(H, eps)
@@ -238,6 +264,9 @@ class DFlashDraftModel(nn.Module):
         # Optional Markov head (DSpark, :mod:`.dspark`): a low-rank logit bias from the previous
         # token, W2 W1[x_{k-1}], over the draft vocabulary (or every word).
         self.markov_rank = int(dc.get("markov_rank") or 0)
+        if self.markov_rank and self.layout != "dflash":
+            raise ModelLoadError(f"DFlash config: a Markov head (markov_rank) goes with the plain "
+                                 f"DFlash layout only, not {self.layout}")
         if self.markov_rank:
             out = int(dc.get("draft_vocab_size") or cfg["vocab_size"])
             self.markov_in = nn.Embedding(int(cfg["vocab_size"]), self.markov_rank)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import SettingsError
-from .model import DFlashDraftModel, apply_rope
+from .model import DFlashDraftModel
 
 
 def block_embeddings(model: DFlashDraftModel, target, anchor_tokens: torch.Tensor,
@@ -45,11 +45,11 @@ def forward_blocks(model: DFlashDraftModel, x: torch.Tensor, anchors: torch.Tens
     anchors[j] .. anchors[j]+B-1 and attends to the context rows < anchors[j] of the shared
     per-layer ``ctx_kv`` ([1, kv, n, D] each) and bidirectionally to itself.
     Equals ``model.forward_block(x[j:j+1], [kv[:, :, :a] ...], a)`` for each j."""
-    if any(layer.window or layer.causal or layer.conv or layer.self_attn.sinks
-           for layer in model.layers):
+    if model.layout != "dflash" or any(layer.window or layer.causal or layer.self_attn.sinks
+                                       for layer in model.layers):
         raise SettingsError("offline evaluation and training run the full-attention DFlash "
-                            "layout only (not sliding, causal, attention-sink or DFlash2 layers);"
-                            " decode with this drafter instead")
+                            "layout only (not sliding, causal, attention-sink, DFlash2 or Domino "
+                            "drafters); decode with this drafter instead")
     K, B, _ = x.shape
     pos = anchors.view(K, 1) + torch.arange(B).view(1, B)
     cos, sin = model.rope(pos.reshape(-1), x)
@@ -62,7 +62,7 @@ def forward_blocks(model: DFlashDraftModel, x: torch.Tensor, anchors: torch.Tens
         attn = layer.self_attn
         h = layer.input_layernorm(x)
         q = attn.q_norm(attn.q_proj(h).view(K, B, attn.n_heads, attn.head_dim)).transpose(1, 2)
-        q = apply_rope(q, cos, sin)
+        q = attn.rope(q, cos, sin)
         k, v = attn.kv(h, cos, sin)
         k = torch.cat([ck.expand(K, -1, -1, -1), k], 2)
         v = torch.cat([cv.expand(K, -1, -1, -1), v], 2)
