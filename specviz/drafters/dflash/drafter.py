@@ -25,7 +25,7 @@ e.g. ``z-lab/Qwen3-8B-DFlash-b16``; loaded WITHOUT ``trust_remote_code``, strict
   ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``, ``layers.{i}.self_attn.{q,k}_norm.weight``,
   ``layers.{i}.mlp.{gate,up,down}_proj.weight``; plus, only for targets without a spare
   embedding row, ``mask_embedding`` [H] (config ``dflash_config.learned_mask_embedding: true``).
-  Sliding-window layers (``use_sliding_window``) are not supported and rejected at load time.
+  The layouts published since (sliding windows, sinks, DFlash2, Domino): :mod:`.layouts`.
 * optional (specviz-trained drafters): ``draft_vocab`` int64 [Vd] in model.safetensors and
   ``dflash_config.draft_vocab_size`` -- the sorted target word ids the drafter may propose (the
   words of its training replies). Only those rows of the LM head are computed (FR-Spec-style;

@@ -18,7 +18,7 @@ DEFAULT_TREE = 16  # draft tree nodes by default (0: chains; specviz.drafters.df
 MAX_TREE = 64
 PARAMS = params_by_name(
     ParamSpec("checkpoint", str, "", label="Drafter checkpoint",
-              help="A DFlash, DFlash2 (or DSpark) drafter folder or hub id (config.json + "
+              help="A DFlash, DFlash2, Domino (or DSpark) drafter folder or hub id (config.json + "
                    "model.safetensors; ID@REVISION pins a hub revision), or the name of one "
                    "bundled with specviz "
                    "(dflash-edr-t1-smollm2-135m-instruct: EDR-fine-tuned for sampling at "
