@@ -199,3 +199,33 @@ def test_endpoint_labels_and_levels():
     for bad in ("0", "x", "1000"):
         with pytest.raises(SettingsError):
             parse_levels(bad)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie waiting to be reaped counts as ended)."""
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_a_server_process_ends_with_the_process_that_started_it():
+    """popen_tied (how VllmServer starts vLLM): SIGKILL the parent, the child goes too."""
+    import subprocess
+    import sys
+    import time
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from specviz.served.server import popen_tied; "
+         "p = popen_tied(['sleep', '120']); print(p.pid, flush=True); time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    assert _running(child)                  # alive while its parent lives
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(child)

@@ -50,6 +50,23 @@ def serve_command(model_dir: str, port: int, speculative: NgramConfig | None,
     return cmd
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the process that started it dies (Linux's
+    PR_SET_PDEATHSIG), so a killed CLI or test run leaves no server behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # 1 = PDEATHSIG
+    except (OSError, AttributeError):   # not Linux: stop() and Ctrl-C still stop it
+        pass
+
+
+def popen_tied(cmd: list[str], **kwargs) -> subprocess.Popen:
+    """Popen in its own process group (so :meth:`VllmServer.stop` can stop the engine it
+    spawns too) that ends when its parent dies."""
+    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent, **kwargs)
+
+
 class VllmServer:
     """A ``vllm serve`` process on localhost (use as a context manager, or start/stop)."""
 
@@ -71,8 +88,8 @@ class VllmServer:
             raise SpecvizError(f"something already answers on port {self.port}; stop it or "
                                "choose another --port")
         self._log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=self.env, start_new_session=True)
+        self.proc = popen_tied(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                               env=self.env)
         return self
 
     def answers(self) -> bool:
