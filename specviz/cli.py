@@ -22,8 +22,9 @@ from .cli_served import (add_bench_endpoints, add_serve_vllm, add_served, endpoi
                          served_throughput)
 from .cli_train import (add_eval, add_train_dflash, add_train_finetune, add_train_gate_probe,
                         add_train_retrace)
-from .cli_common import (common_args, display_args, load_decoding_target, print_run,
-                         print_summary, read_prompt, render_terminal, run_settings)
+from .cli_common import (common_args, display_args, load_decoding_target, pin_revision,
+                         print_run, print_summary, read_prompt, render_terminal, revision_arg,
+                         run_settings)
 from .errors import SpecvizError
 
 def parse_params(method: str, pairs: list[str] | None) -> dict:
@@ -49,6 +50,7 @@ def cmd_run(args) -> int:
     settings = run_settings(args)
     prompt = read_prompt(args)
     params = parse_params(args.method, args.param)
+    params = pin_revision({args.method: params}, args.revision)[args.method]
     target = load_decoding_target(args)
     drafter = make_drafter(args.method, target, **params)
     sess = Session(target, drafter, prompt, settings, method=args.method)
@@ -80,7 +82,7 @@ def cmd_bench(args) -> int:
     prompts = _bench_prompts(args)
     methods = [m.strip().lower() for m in args.methods.split(",") if m.strip()]
     # the registry's checks, before the model loads
-    params = check_methods(methods, _bench_params(args))
+    params = pin_revision(check_methods(methods, _bench_params(args)), args.revision)
     target = load_decoding_target(args)
     served = endpoint_runs(args, target, settings)   # checked before the long run; None: none
     runs = len(set(methods) | {"ar"}) + len(served.labels if served else [])
@@ -222,6 +224,7 @@ def _add_run(sub, methods: str, epilog: str) -> None:
     p.add_argument("--param", action="append",
                    help="method setting key=value (repeatable; the method's settings are listed "
                         "below)")
+    revision_arg(p)
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--save", help="write the trace JSON here")
     display_args(p)
@@ -248,6 +251,7 @@ def _add_show_and_bench(sub, methods: str, epilog: str) -> None:
     p.add_argument("--categories", default=None, help="comma-separated categories to keep")
     p.add_argument("--params", default=None,
                    help="JSON: per-method settings, e.g. '{\"pld\": {\"num_output_tokens\": 5}}'")
+    revision_arg(p)
     p.add_argument("--out", default="bench-out")
     p.add_argument("--save-traces", action="store_true",
                    help="also save every run's trace under OUT/traces/METHOD/CATEGORY/")

@@ -47,6 +47,35 @@ def load_decoding_target(args):
     return target
 
 
+def pin_revision(method_params: dict[str, dict], revision: str | None) -> dict[str, dict]:
+    """``--revision REV``: every method's ``checkpoint`` given as a hub id becomes ``ID@REV``
+    (published drafters are retrained under the same id). A SpecvizError when no method has a
+    hub-id checkpoint to pin, or one already pins its own."""
+    if not revision:
+        return method_params
+    from .drafters.dflash.checkpoint import HUB_ID
+
+    out, pinned = {}, 0
+    for method, params in method_params.items():
+        ck = str((params or {}).get("checkpoint") or "")
+        if "@" in ck:
+            raise SpecvizError(f"--revision: {method}'s checkpoint {ck} already names a revision")
+        if HUB_ID.fullmatch(ck) and not Path(ck).expanduser().exists():
+            params = {**params, "checkpoint": f"{ck}@{revision}"}
+            pinned += 1
+        out[method] = params
+    if not pinned:
+        raise SpecvizError("--revision pins a drafter checkpoint given as a hub id: add "
+                           "--param checkpoint=ORG/NAME")
+    return out
+
+
+def revision_arg(p) -> None:
+    p.add_argument("--revision", default=None,
+                   help="hub revision (branch, tag or commit) of a drafter checkpoint given as a "
+                        "hub id; the same as checkpoint=ORG/NAME@REVISION")
+
+
 def common_args(p) -> None:
     p.add_argument("--model", default="default",
                    help="'default' (embedded SmolLM2-135M-Instruct), a HF id or a local folder")

@@ -262,6 +262,32 @@ def test_dflash2_sampling_is_lossless():
     assert used["accepted"] > 100
 
 
+def test_revision_flag_pins_hub_ids(tmp_path):
+    """``--revision`` (run, bench): a hub-id checkpoint becomes ID@REV; nothing to pin, or a
+    pin already given, is one clear error."""
+    import os
+    import sys
+    from pathlib import Path
+
+    from specviz.cli_common import pin_revision
+    from specviz.errors import SpecvizError
+
+    got = pin_revision({"ar": {}, "dflash": {"checkpoint": "z-lab/X-DFlash"}}, "v2")
+    assert got == {"ar": {}, "dflash": {"checkpoint": "z-lab/X-DFlash@v2"}}
+    assert pin_revision({"dflash": {}}, None) == {"dflash": {}}
+    with pytest.raises(SpecvizError, match="given as a hub id"):
+        pin_revision({"dflash": {"checkpoint": str(tmp_path)}}, "v2")
+    with pytest.raises(SpecvizError, match="already names a revision"):
+        pin_revision({"dflash": {"checkpoint": "z-lab/X@v1"}}, "v2")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", NO_COLOR="1")
+    r = subprocess.run([sys.executable, "-m", "specviz", "run", "--prompt", "hi", "--method",
+                        "dflash", "--revision", "v2"], cwd=Path(__file__).parents[1], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == ("error: --revision pins a drafter checkpoint given as a hub id: "
+                                "add --param checkpoint=ORG/NAME")
+
+
 def test_revision_pin_is_named():
     with pytest.raises(ModelLoadError, match="at revision abc123"):
         resolve_checkpoint("z-lab/not-a-real-drafter-xyz@abc123")

@@ -22,6 +22,7 @@ WEIGHTS_NAME = "model.safetensors"
 PROBE_NAME = "state_probe.safetensors"   # the forward gate's state probe (.state_probe), not weights
 ARCHITECTURE = "DFlashDraftModel"
 MAX_BLOCK_SIZE = 64
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")   # ORG/NAME
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -59,7 +60,7 @@ def resolve_checkpoint(checkpoint: str | Path) -> Path:
     if (BUNDLED_DIR / name / CONFIG_NAME).is_file():   # a drafter committed under weights/
         return BUNDLED_DIR / name
     name, _, revision = name.partition("@")            # a hub id may pin a revision: ID@REV
-    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", name) or (_ and not revision):
+    if not HUB_ID.fullmatch(name) or (_ and not revision):
         bundled = sorted(p.name for p in BUNDLED_DIR.iterdir() if (p / CONFIG_NAME).is_file())
         raise ModelLoadError(f"DFlash checkpoint '{name}' is neither a local folder, a hub id "
                              f"nor a bundled drafter ({', '.join(bundled)})")
