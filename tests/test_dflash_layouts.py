@@ -88,6 +88,9 @@ def test_layer_attention_resolved_as_vllm_does():
     assert layer_attentions(mixed, 2) == [(6, True), (None, False)]   # sliding layers causal
     with pytest.raises(ModelLoadError, match="no window"):   # Qwen3Config drops the window
         layer_attentions(dict(mixed, use_sliding_window=False), 2)
+    derived = published_config(use_sliding_window=True, max_window_layers=1)
+    del derived["layer_types"], derived["sliding_window"]    # Qwen3Config's defaults: 4096, and
+    assert layer_attentions(derived, 2) == [(None, False), (4096, True)]  # layers >= 1 slide
     assert layer_attentions(published_config(), 2) == [(None, False)] * 2
     mimo = published_config(dflash_config={"use_swa": True, "swa_window_size": 5,
                                            "mask_token_id": 127, "target_layer_ids": [0]})
@@ -418,3 +421,49 @@ def test_sliding_sink_scaled_interleaved_forward_equals_vllms_layers(tmp_path):
         h2 = m2.forward_block(t["block_emb"][None], m2.context_kv(t["context"][None],
                                                                   torch.arange(7)), 7)[0]
     assert not torch.allclose(h2, theirs["hidden"], atol=1e-3)
+
+
+def test_layer_attention_equals_vllms_resolution(tmp_path):
+    """Each layer's (window, causal) on the published combinations, against vLLM's own
+    _resolve_layer_attention on the config loaded as vLLM loads it (an error where vLLM errs)."""
+    from pathlib import Path
+
+    from specviz.errors import SpecvizError
+    from specviz.served.server import vllm_python
+
+    try:
+        py = vllm_python()
+    except SpecvizError as exc:
+        pytest.skip(str(exc))
+    full, slide = "full_attention", "sliding_attention"
+    mimo_dc = {"use_swa": True, "swa_window_size": 5, "mask_token_id": 127,
+               "target_layer_ids": [0]}
+    configs = [published_config(), published_config(is_causal=True), dflash2_config(),
+               published_config(layer_types=[slide, full], sliding_window=6,
+                                use_sliding_window=True),
+               published_config(layer_types=[slide, full], sliding_window=6),
+               published_config(layer_types=[slide, slide], sliding_window=6),
+               published_config(dflash_config=mimo_dc),
+               published_config(dflash_config=dict(mimo_dc, causal=True)),
+               published_config(layer_types=[slide, slide], use_sliding_window=True),
+               published_config(layer_types=[slide, full], use_sliding_window=True,
+                                sliding_window=9, dflash_config=dict(mimo_dc, causal=False))]
+    derived = published_config(use_sliding_window=True, max_window_layers=1)
+    del derived["layer_types"], derived["sliding_window"]
+    configs.append(derived)
+    (tmp_path / "configs.json").write_text(json.dumps(configs))
+    script = Path(__file__).with_name("vllm_dflash_forward.py")
+    res = subprocess.run([str(py), str(script), "--resolve", str(tmp_path / "configs.json"),
+                          str(tmp_path / "out.json")], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    theirs = json.loads((tmp_path / "out.json").read_text())
+    for cfg, want in zip(configs, theirs, strict=True):
+        try:
+            mine = [list(a) for a in layer_attentions(cfg, cfg["num_hidden_layers"])]
+        except ModelLoadError as exc:
+            mine = f"error: {exc}"
+        if isinstance(want, str):
+            assert isinstance(mine, str), (cfg, want, mine)
+        else:
+            assert mine == want, cfg

@@ -11,6 +11,7 @@ modules, and the paged-attention kernel is a plain softmax over [context; block]
 layer's own resolved window, causality and sinks.
 
     python vllm_dflash_forward.py config.json inputs.pt out.pt
+    python vllm_dflash_forward.py --resolve configs.json out.json   (each layer's attention)
 """
 import json
 import os
@@ -175,5 +176,31 @@ def main(config_path: str, inputs_path: str, out_path: str) -> None:
     torch.save({"hidden": hidden, "ids": ids, "unary": unary, "edges": edges[0]}, out_path)
 
 
+def resolve(configs_path: str, out_path: str) -> None:
+    """vLLM's ``_resolve_layer_attention`` on each config.json (loaded as vLLM loads it, through
+    transformers' Qwen3Config): per layer [window, causal], or the error's text."""
+    from transformers import Qwen3Config
+
+    _setup(3)
+    from vllm.model_executor.models.qwen3_dflash import _resolve_layer_attention
+
+    out = []
+    for raw in json.loads(open(configs_path).read()):
+        cfg = Qwen3Config(**{k: v for k, v in raw.items() if k != "dflash_config"})
+        cfg.dflash_config = raw.get("dflash_config")
+        for key in ("is_causal",):
+            if key in raw:
+                setattr(cfg, key, raw[key])
+        try:
+            out.append([list(_resolve_layer_attention(cfg, i))
+                        for i in range(cfg.num_hidden_layers)])
+        except (ValueError, NotImplementedError) as exc:
+            out.append(f"error: {exc}")
+    open(out_path, "w").write(json.dumps(out))
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    if sys.argv[1] == "--resolve":
+        resolve(*sys.argv[2:4])
+    else:
+        main(*sys.argv[1:4])

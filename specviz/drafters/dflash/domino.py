@@ -61,25 +61,28 @@ def domino_block(model, h: torch.Tensor, head: nn.Module, embed: nn.Module, anch
     z = h[0:k] if model.shift_label else h[1:k + 1]
     dev, dt = head.weight.device, head.weight.dtype
     base = head(z.to(dev, dt)).float()
-    ids = _pool(base, pool)
+    pool_ids = _pool(base, pool)
     rows = base.new_full(base.shape, float("-inf"))
     rows[0] = base[0]
     words = [_pick(rows[0], temperature, generator)]
-    w_emb = embed.weight
-    prefix = torch.tensor([[int(anchor), words[0]]], device=w_emb.device)
     gru = model.prefix_gru
-    _, state = gru(embed(prefix).to(gru.weight_ih_l0.dtype))
+    w = gru.weight_ih_l0
+
+    def embedded(tokens: list[int]) -> torch.Tensor:   # the target's embeddings, GRU-side
+        return embed(torch.tensor(tokens, device=embed.weight.device)).to(w)
+
+    _, state = gru(embedded([int(anchor), words[0]])[None])
     state = state[0]
     for i in range(1, z.shape[0]):
-        corr = model.embed_proj(torch.cat([z[i:i + 1].to(state.dtype), state], -1))[0].float()
-        if ids is None:
+        corr = model.embed_proj(torch.cat([z[i:i + 1].to(w), state], -1))[0]
+        corr = corr.to(base.device, torch.float32)
+        if pool_ids is None:
             rows[i] = base[i] + corr
         else:
-            rows[i, ids] = base[i, ids] + corr[ids]
+            rows[i, pool_ids] = base[i, pool_ids] + corr[pool_ids]
         words.append(_pick(rows[i], temperature, generator))
-        if i + 1 < z.shape[0]:
-            x = embed(torch.tensor([words[-1]], device=w_emb.device)).to(state.dtype)
-            state = torch.ops.aten.gru_cell(x, state, gru.weight_ih_l0, gru.weight_hh_l0)
+        if i + 1 < z.shape[0]:   # one GRU step on the word just drafted
+            state = torch.ops.aten.gru_cell(embedded(words[-1:]), state, w, gru.weight_hh_l0)
     backbone = base.argmax(-1).tolist()
-    info = {"backbone": backbone, "corrected": [int(w != b) for w, b in zip(words, backbone)]}
+    info = {"backbone": backbone, "corrected": [int(d != b) for d, b in zip(words, backbone)]}
     return rows.cpu(), words, info

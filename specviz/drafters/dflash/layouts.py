@@ -18,8 +18,9 @@ apart from config.json alone.
   boolean (default true), as SGLang checks them.
 
 Every layout also takes ``dflash_config.attention_value_scale`` (values scaled) and
-``is_neox_style: false`` (interleaved RoPE). The top-level ``sliding_window`` counts only with
-``use_sliding_window: true``, as transformers' Qwen3Config (which vLLM and SGLang load) keeps it.
+``is_neox_style: false`` (interleaved RoPE). The top-level ``sliding_window`` and a missing
+``layer_types`` are read as transformers' Qwen3Config reads them (:func:`qwen3_view`), as vLLM
+and SGLang load the config through it.
 """
 from __future__ import annotations
 
@@ -86,24 +87,37 @@ def domino_dims(cfg: dict) -> dict:
             "shift_label": shift}
 
 
+def qwen3_view(cfg: dict) -> tuple[int | None, list[str] | None]:
+    """(sliding_window, layer_types) as transformers' Qwen3Config makes them from config.json --
+    what vLLM and SGLang read: the window only with ``use_sliding_window`` (default 4096 then),
+    and without ``layer_types``, layers from ``max_window_layers`` (default 28) on slide when
+    there is a window."""
+    window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window") else None
+    types = cfg.get("layer_types")
+    if types is None and cfg.get("num_hidden_layers") is not None:
+        first = int(cfg.get("max_window_layers", 28))
+        types = ["sliding_attention" if window is not None and i >= first else "full_attention"
+                 for i in range(int(cfg["num_hidden_layers"]))]
+    return window, types
+
+
 def layer_attention(cfg: dict, i: int) -> tuple[int | None, bool]:
     """(sliding window or None, causal within the block) of drafter layer ``i``, resolved as
-    vLLM resolves it (``models/qwen3_dflash.py``): ``dflash_config.use_swa`` makes every layer
-    sliding unless ``layer_types`` already names sliding layers; otherwise ``layer_types[i]``
-    decides; the window is ``dflash_config.swa_window_size``, else ``sliding_window`` when
-    ``use_sliding_window`` is true (transformers' Qwen3Config drops it otherwise).
-    Causality: ``is_causal``, else ``dflash_config.causal``, else a ``layer_types`` layer is
-    causal exactly when it slides (z-lab's mixed drafters); without ``layer_types``, non-causal.
+    vLLM resolves it (``models/qwen3_dflash.py``) on the config as :func:`qwen3_view` reads it:
+    ``dflash_config.use_swa`` makes every layer sliding unless ``layer_types`` already names
+    sliding layers; otherwise ``layer_types[i]`` decides; the window is
+    ``dflash_config.swa_window_size``, else ``sliding_window``.
+    Causality: ``is_causal``, else ``dflash_config.causal``, else a layer is causal exactly when
+    its ``layer_types`` entry slides (z-lab's mixed drafters).
     """
     dc = cfg.get("dflash_config") or {}
-    types = cfg.get("layer_types")
+    top, types = qwen3_view(cfg)
     use_swa = bool(dc.get("use_swa", False))
     any_sliding = bool(types) and any(t == "sliding_attention" for t in types)
     sliding = use_swa if types is None or (use_swa and not any_sliding) \
         else types[i] == "sliding_attention"
     window = None
     if sliding:
-        top = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
         window = dc.get("swa_window_size", top)
         if window is None:
             raise ModelLoadError("DFlash config has sliding layers but no window "
