@@ -1,8 +1,7 @@
 """The DFlash layouts published now (docs/methods/dflash.md#published-layouts): sliding-window
 DFlash and DFlash2, loaded strictly from tiny random checkpoints written with the published
-config keys and tensor names, greedy lossless on a tiny target; DFlash2's convolution and edge
-scores compared with vLLM's own functions on the same tensors, and whole block forwards with
-vLLM's own layers (where .venv-vllm exists)."""
+config keys and tensor names, greedy lossless on a tiny target; the comparisons with vLLM's own
+code are in tests/test_dflash_vllm.py."""
 from __future__ import annotations
 
 import copy
@@ -17,7 +16,7 @@ from specviz.analysis.lossless import compare_outputs
 from specviz.drafters import make_drafter
 from specviz.drafters.dflash.checkpoint import (load_dflash_checkpoint, resolve_checkpoint,
                                                 save_dflash_checkpoint)
-from specviz.drafters.dflash.dflash2 import greedy_walk, grouped_conv, score_edges
+from specviz.drafters.dflash.dflash2 import greedy_walk
 from specviz.drafters.dflash.layouts import layer_attentions, layout_of
 from specviz.drafters.dflash.model import DFlashAttention, block_mask
 from specviz.engine import DecodeSettings, Session
@@ -197,24 +196,31 @@ def test_dflash2_checkpoint_loads_strictly(tmp_path, qwen3_target):
         load_dflash_checkpoint(write_checkpoint(tmp_path / "grp", bad, w))
 
 
+def greedy_traces(target, folder, seed: int, runs: int) -> list[Trace]:
+    """Greedy runs of the drafter in ``folder`` on random prompts, each checked equal to plain
+    decoding and with drafted rounds: their traces (schema-checked)."""
+    rng, out = random.Random(seed), []
+    for _ in range(runs):
+        d = make_drafter("dflash", target, checkpoint=str(folder), cut="off", tree=0)
+        ids = random_prompt(rng, 127, 4, 20)
+        s = DecodeSettings(max_new_tokens=24)
+        tr = Session(target, d, ids, s).run()
+        ar = generate(target, "ar", ids, s)
+        assert compare_outputs(target, ids, ar.output_ids, tr.output_ids).ok
+        assert any(r.draft for r in tr.rounds)
+        Trace.from_json(tr.to_json())     # the round extras pass the trace schema
+        out.append(tr)
+    return out
+
+
 def test_dflash2_greedy_lossless_with_the_selector_in_the_trace(tmp_path, qwen3_target):
     cfg = dflash2_config()
     folder = write_checkpoint(tmp_path / "d2", cfg, dflash2_weights(cfg))
-    rng = random.Random(5)
-    for i in range(4):
-        d = make_drafter("dflash", qwen3_target, checkpoint=str(folder), cut="off", tree=0)
-        ids = random_prompt(rng, 127, 4, 20)
-        s = DecodeSettings(max_new_tokens=24)
-        tr = Session(qwen3_target, d, ids, s).run()
-        ar = generate(qwen3_target, "ar", ids, s)
-        assert compare_outputs(qwen3_target, ids, ar.output_ids, tr.output_ids).ok
-        drafted = [r for r in tr.rounds if r.draft]
-        assert drafted
-        for r in drafted:
+    for tr in greedy_traces(qwen3_target, folder, seed=5, runs=4):
+        for r in (r for r in tr.rounds if r.draft):
             sel = r.extras["selector"]
             assert len(sel["path"]) == len(r.draft) and len(sel["candidates"][0]) == TOPK
             assert [row[j] for row, j in zip(sel["candidates"], sel["path"])] == r.draft
-        Trace.from_json(tr.to_json())     # the selector extras pass the trace schema
 
 
 def test_selector_walk_follows_the_best_edges():
@@ -227,30 +233,25 @@ def test_selector_walk_follows_the_best_edges():
         prev = j
 
 
-def test_dflash2_sampling_is_lossless():
-    """Sampled drafts (each step of the walk sampled): the first two committed tokens keep the
-    target's law (the chi-square check of the other block drafters)."""
+def assert_sampled_drafts_keep_the_law(layout: str, fill, **dflash_config) -> None:
+    """A ``layout`` drafter for the sampling pair's target (its backbone copied from the
+    pair's drafter, every other tensor from ``fill(name, tensor)``), drafting at temperature 1:
+    the first two committed tokens keep the target's law (the chi-square check of the other
+    block drafters)."""
     from specviz.drafters.dflash.drafter import DFlashDrafter
+    from specviz.drafters.dflash.layouts import ARCHITECTURES
     from specviz.drafters.dflash.model import DFlashDraftModel
     from tests.conftest import assert_same_law, first_two_token_counts, sampling_pair
 
     target, base = sampling_pair()
     cfg = copy.deepcopy(base.config)
-    cfg["architectures"] = ["DFlash2DraftModel"]
-    cfg["dflash_config"].update(conv_kernel_size=2, conv_group_size=16, selector_rank=4,
-                                selector_top_k=4)
+    cfg["architectures"] = [a for a, lay in ARCHITECTURES.items() if lay == layout]
+    cfg["dflash_config"].update(dflash_config)
     m = DFlashDraftModel(cfg)
-    g = torch.Generator().manual_seed(3)
     base_sd = base.state_dict()
     with torch.no_grad():
         for k, v in m.state_dict().items():
-            if k in base_sd:
-                v.copy_(base_sd[k])
-            elif k.endswith("base_kernel"):
-                v.zero_()
-                v[:, 0] = 1.0          # the convolutions start as the identity
-            else:
-                v.copy_(0.1 * torch.randn(v.shape, generator=g))
+            v.copy_(base_sd[k] if k in base_sd else fill(k, v))
     m.eval().requires_grad_(False)
     used = {"accepted": 0}
 
@@ -263,6 +264,19 @@ def test_dflash2_sampling_is_lossless():
         2000, dict(temperature=0.9, top_p=0.95), on_trace=on_trace)
     assert_same_law(counts, exact, tv_tol=0.13)
     assert used["accepted"] > 100
+
+
+def test_dflash2_sampling_is_lossless():
+    """Each step of the selector's walk sampled."""
+    g = torch.Generator().manual_seed(3)
+
+    def fill(name, v):
+        if name.endswith("base_kernel"):       # the convolutions start as the identity
+            return torch.zeros_like(v).index_fill_(1, torch.tensor([0]), 1.0)
+        return 0.1 * torch.randn(v.shape, generator=g)
+
+    assert_sampled_drafts_keep_the_law("dflash2", fill, conv_kernel_size=2, conv_group_size=16,
+                                       selector_rank=4, selector_top_k=4)
 
 
 def test_revision_flag_pins_hub_ids(tmp_path):
@@ -298,48 +312,6 @@ def test_revision_pin_is_named():
         resolve_checkpoint("z-lab/x@")
 
 
-# ---------------------------------------------------------------- against vLLM's functions
-VLLM_DFLASH2 = """
-import sys, torch
-from vllm.model_executor.models.qwen3_dflash2 import _grouped_conv, _score_edges
-t = torch.load(sys.argv[1])
-out = {"conv": _grouped_conv(t["x"], t["delta"], t["base"], t["block"], t["groups"], t["gsize"],
-                             t["taps"]),
-       "edges": _score_edges(t["pred"], t["succ"], t["cand"], t["unary"], t["hid"], t["anchor"],
-                             t["k"])}
-torch.save(out, sys.argv[2])
-"""
-
-
-def test_dflash2_pieces_equal_vllms(tmp_path):
-    from specviz.errors import SpecvizError
-    from specviz.served.server import vllm_python
-
-    try:
-        py = vllm_python()
-    except SpecvizError as exc:
-        pytest.skip(str(exc))
-    g = torch.Generator().manual_seed(1)
-    B, H, taps, gsize, V, r, k, L = 4, 64, 3, 16, 50, 8, 5, 3
-    t = {"x": torch.randn(3 * B, H, generator=g), "delta": torch.randn(3 * B, taps, H // gsize,
-                                                                       generator=g),
-         "base": torch.randn(taps, H, generator=g), "block": B, "groups": H // gsize,
-         "gsize": gsize, "taps": taps,
-         "pred": torch.randn(V, r, generator=g), "succ": torch.randn(V, r, generator=g),
-         "cand": torch.randint(0, V, (2, L, k), generator=g),
-         "unary": torch.randn(2, L, k, generator=g), "hid": torch.randn(2, L, r, generator=g),
-         "anchor": torch.randint(0, V, (2,), generator=g), "k": k}
-    torch.save(t, tmp_path / "in.pt")
-    res = subprocess.run([str(py), "-c", VLLM_DFLASH2, str(tmp_path / "in.pt"),
-                          str(tmp_path / "out.pt")], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    theirs = torch.load(tmp_path / "out.pt")
-    mine_conv = grouped_conv(t["x"], t["delta"], t["base"], B, H // gsize, gsize, taps)
-    mine_edges = score_edges(t["pred"], t["succ"], t["cand"], t["unary"], t["hid"], t["anchor"], k)
-    assert torch.allclose(mine_conv, theirs["conv"], atol=1e-5)
-    assert torch.allclose(mine_edges, theirs["edges"], atol=1e-5)
-
-
 def test_offline_paths_refuse_what_they_cannot_run(tmp_path):
     from specviz.drafters.dflash.offline import forward_blocks
     from specviz.errors import SettingsError
@@ -348,122 +320,3 @@ def test_offline_paths_refuse_what_they_cannot_run(tmp_path):
     m = load_dflash_checkpoint(write_checkpoint(tmp_path / "d2", cfg, dflash2_weights(cfg)))
     with pytest.raises(SettingsError, match="full-attention DFlash layout only"):
         forward_blocks(m, torch.zeros(1, 4, 64), torch.tensor([0]), [])
-
-
-# ---------------------------------------------------------------- against vLLM's layers
-def _vllm_forward(tmp_path, cfg, w, n=7):
-    """Run tests/vllm_dflash_forward.py (vLLM's own layers) and specviz's model on the same
-    weights and inputs: (vLLM's outputs, specviz's model, the inputs)."""
-    from pathlib import Path
-
-    from specviz.errors import SpecvizError
-    from specviz.served.server import vllm_python
-
-    try:
-        py = vllm_python()
-    except SpecvizError as exc:
-        pytest.skip(str(exc))
-    folder = write_checkpoint(tmp_path / "ckpt", cfg, w)
-    m = load_dflash_checkpoint(folder)
-    g = torch.Generator().manual_seed(3)
-    H, V, k = cfg["hidden_size"], cfg["vocab_size"], len(m.target_layer_ids)
-    t = {"state": w, "context": torch.randn(n, k * H, generator=g),
-         "block_emb": torch.randn(m.block_size, H, generator=g),
-         "lm_head": 0.3 * torch.randn(V, H, generator=g), "anchor": torch.tensor(5)}
-    torch.save(t, tmp_path / "in.pt")
-    script = Path(__file__).with_name("vllm_dflash_forward.py")
-    res = subprocess.run([str(py), str(script), str(folder / "config.json"),
-                          str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    with torch.no_grad():
-        mine = m.forward_block(t["block_emb"][None], m.context_kv(t["context"][None],
-                                                                  torch.arange(n)), n)[0]
-    return torch.load(tmp_path / "out.pt"), m, t, mine
-
-
-def test_dflash2_block_forward_equals_vllms_layers(tmp_path):
-    """A DFlash2 block through vLLM's DFlash2Qwen3DecoderLayer x2, final norm, candidate top-K
-    (LogitsProcessor: multiplier, softcap) and CandidateSelector equals specviz's."""
-    from specviz.drafters.dflash.dflash2 import capped_top_k
-
-    cfg = dflash2_config()
-    theirs, m, t, h = _vllm_forward(tmp_path, cfg, dflash2_weights(cfg))
-    assert torch.allclose(h, theirs["hidden"], atol=1e-5)
-    head = torch.nn.Linear(h.shape[1], cfg["vocab_size"], bias=False)
-    with torch.no_grad():
-        head.weight.copy_(t["lm_head"])
-        ids, unary = capped_top_k(m.draft_scores(h[1:], head, None), TOPK, m.output_multiplier,
-                                  m.logit_softcap)
-        edges = m.candidate_selector(ids[None], unary[None], h[1:][None], t["anchor"].view(1))[0]
-    assert torch.equal(ids, theirs["ids"])
-    assert torch.allclose(unary, theirs["unary"], atol=1e-5)
-    assert torch.allclose(edges, theirs["edges"], atol=1e-4)
-    assert greedy_walk(edges) == greedy_walk(theirs["edges"])
-
-
-def test_sliding_sink_scaled_interleaved_forward_equals_vllms_layers(tmp_path):
-    """A DFlash drafter with a sliding causal layer (window 3, shorter than the context), a
-    full layer, attention sinks, a value scale and interleaved RoPE, through vLLM's
-    DFlashQwen3DecoderLayer (its own window/causality resolution, q/k norms, RoPE style)."""
-    cfg = published_config(layer_types=["sliding_attention", "full_attention"], sliding_window=3,
-                           use_sliding_window=True, is_neox_style=False)
-    cfg["dflash_config"].update(attention_sink_bias=True, attention_value_scale=0.5)
-    w = published_weights(cfg)
-    for i in range(2):
-        w[f"layers.{i}.self_attn.attention_sink_bias"] = torch.tensor([0.5, -1.0, 1.0, 0.0])
-    theirs, m, t, h = _vllm_forward(tmp_path, cfg, w)
-    assert [(layer.window, layer.causal) for layer in m.layers] == [(3, True), (None, False)]
-    assert torch.allclose(h, theirs["hidden"], atol=1e-5)
-    neox = dict(cfg, is_neox_style=True)    # the RoPE style matters: the check can tell
-    m2 = load_dflash_checkpoint(write_checkpoint(tmp_path / "neox", neox, w))
-    with torch.no_grad():
-        h2 = m2.forward_block(t["block_emb"][None], m2.context_kv(t["context"][None],
-                                                                  torch.arange(7)), 7)[0]
-    assert not torch.allclose(h2, theirs["hidden"], atol=1e-3)
-
-
-def test_layer_attention_equals_vllms_resolution(tmp_path):
-    """Each layer's (window, causal) on the published combinations, against vLLM's own
-    _resolve_layer_attention on the config loaded as vLLM loads it (an error where vLLM errs)."""
-    from pathlib import Path
-
-    from specviz.errors import SpecvizError
-    from specviz.served.server import vllm_python
-
-    try:
-        py = vllm_python()
-    except SpecvizError as exc:
-        pytest.skip(str(exc))
-    full, slide = "full_attention", "sliding_attention"
-    mimo_dc = {"use_swa": True, "swa_window_size": 5, "mask_token_id": 127,
-               "target_layer_ids": [0]}
-    configs = [published_config(), published_config(is_causal=True), dflash2_config(),
-               published_config(layer_types=[slide, full], sliding_window=6,
-                                use_sliding_window=True),
-               published_config(layer_types=[slide, full], sliding_window=6),
-               published_config(layer_types=[slide, slide], sliding_window=6),
-               published_config(dflash_config=mimo_dc),
-               published_config(dflash_config=dict(mimo_dc, causal=True)),
-               published_config(layer_types=[slide, slide], use_sliding_window=True),
-               published_config(layer_types=[slide, full], use_sliding_window=True,
-                                sliding_window=9, dflash_config=dict(mimo_dc, causal=False))]
-    derived = published_config(use_sliding_window=True, max_window_layers=1)
-    del derived["layer_types"], derived["sliding_window"]
-    configs.append(derived)
-    (tmp_path / "configs.json").write_text(json.dumps(configs))
-    script = Path(__file__).with_name("vllm_dflash_forward.py")
-    res = subprocess.run([str(py), str(script), "--resolve", str(tmp_path / "configs.json"),
-                          str(tmp_path / "out.json")], capture_output=True, text=True,
-                         timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    theirs = json.loads((tmp_path / "out.json").read_text())
-    for cfg, want in zip(configs, theirs, strict=True):
-        try:
-            mine = [list(a) for a in layer_attentions(cfg, cfg["num_hidden_layers"])]
-        except ModelLoadError as exc:
-            mine = f"error: {exc}"
-        if isinstance(want, str):
-            assert isinstance(mine, str), (cfg, want, mine)
-        else:
-            assert mine == want, cfg

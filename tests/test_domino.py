@@ -5,26 +5,20 @@ whole prefix, full vocabulary or the candidate pool), greedy lossless on a tiny 
 target's law kept when sampling."""
 from __future__ import annotations
 
-import copy
 import json
-import random
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from specviz.analysis.lossless import compare_outputs
-from specviz.drafters import make_drafter
 from specviz.drafters.dflash.checkpoint import load_dflash_checkpoint, save_dflash_checkpoint
 from specviz.drafters.dflash.domino import domino_block
 from specviz.drafters.dflash.layouts import layout_of
-from specviz.engine import DecodeSettings, Session
 from specviz.models import ModelLoadError
-from specviz.run import generate
-from specviz.trace import Trace
 from specviz.viz.tables import domino_table
 from tests.test_dflash import (published_config, published_weights, qwen3_target,  # noqa: F401
-                               random_prompt, write_checkpoint)
+                               write_checkpoint)
+from tests.test_dflash_layouts import assert_sampled_drafts_keep_the_law, greedy_traces
 
 GRU, EMB = 16, 8
 
@@ -126,55 +120,24 @@ def test_draft_equals_sglangs_rollout(tmp_path, shift_label):
 def test_domino_greedy_lossless_with_the_corrections_in_the_trace(tmp_path, qwen3_target):
     cfg = domino_config()
     folder = write_checkpoint(tmp_path / "dom", cfg, domino_weights(cfg))
-    rng = random.Random(6)
-    for _ in range(3):
-        d = make_drafter("dflash", qwen3_target, checkpoint=str(folder), cut="off", tree=0)
-        ids = random_prompt(rng, 127, 4, 20)
-        s = DecodeSettings(max_new_tokens=24)
-        tr = Session(qwen3_target, d, ids, s).run()
-        ar = generate(qwen3_target, "ar", ids, s)
-        assert compare_outputs(qwen3_target, ids, ar.output_ids, tr.output_ids).ok
+    for tr in greedy_traces(qwen3_target, folder, seed=6, runs=3):
         drafted = [r for r in tr.rounds if r.draft]
-        assert drafted
         for r in drafted:
             info = r.extras["domino"]
             assert len(info["backbone"]) == len(r.draft) == len(info["corrected"])
             assert info["backbone"][0] == r.draft[0]      # the first word is the backbone's
-        i = tr.rounds.index(drafted[0])
-        table = domino_table(tr, i)
+        table = domino_table(tr, tr.rounds.index(drafted[0]))
         assert list(table["slot"]) == list(range(1, len(drafted[0].draft) + 1))
-        Trace.from_json(tr.to_json())     # the extras pass the trace schema
+        assert list(table["corrected"]) == ["yes" if c else "no"
+                                            for c in drafted[0].extras["domino"]["corrected"]]
 
 
 def test_domino_sampling_is_lossless():
-    """Each word sampled from its corrected row: the first two committed tokens keep the
-    target's law (the chi-square check of the other block drafters)."""
-    from specviz.drafters.dflash.drafter import DFlashDrafter
-    from specviz.drafters.dflash.model import DFlashDraftModel
-    from tests.conftest import assert_same_law, first_two_token_counts, sampling_pair
-
-    target, base = sampling_pair()
-    cfg = copy.deepcopy(base.config)
-    cfg["architectures"] = ["DominoDraftModel"]
-    cfg["dflash_config"].update(projector_type="domino", gru_hidden_dim=8, emb_dim=4)
-    m = DFlashDraftModel(cfg)
+    """Each word sampled from its corrected row."""
     g = torch.Generator().manual_seed(3)
-    base_sd = base.state_dict()
-    with torch.no_grad():
-        for k, v in m.state_dict().items():
-            v.copy_(base_sd[k] if k in base_sd else torch.randn(v.shape, generator=g))
-    m.eval().requires_grad_(False)
-    used = {"accepted": 0}
-
-    def on_trace(tr):
-        used["accepted"] += sum(r.accepted for r in tr.rounds)
-
-    counts, exact = first_two_token_counts(
-        target, [3, 7, 5], lambda seed: DFlashDrafter(target, model=m, draft_temperature=1.0,
-                                                      seed=seed, cut="off"),
-        2000, dict(temperature=0.9, top_p=0.95), on_trace=on_trace)
-    assert_same_law(counts, exact, tv_tol=0.13)
-    assert used["accepted"] > 100
+    assert_sampled_drafts_keep_the_law(
+        "domino", lambda name, v: torch.randn(v.shape, generator=g), projector_type="domino",
+        gru_hidden_dim=8, emb_dim=4)
 
 
 def test_offline_paths_refuse_domino(tmp_path):
