@@ -148,3 +148,32 @@ def test_offline_paths_refuse_domino(tmp_path):
     m = load_dflash_checkpoint(write_checkpoint(tmp_path / "dom", cfg, domino_weights(cfg)))
     with pytest.raises(SettingsError, match="Domino"):
         forward_blocks(m, torch.zeros(1, 4, 64), torch.tensor([0]), [])
+
+
+def test_trace_page_shows_how_the_chain_was_chosen(tmp_path, qwen3_target):
+    """A saved DFlash2 run and a saved Domino run opened on the Trace page: the round's
+    candidate-selector / correction table is shown under it."""
+    from streamlit.testing.v1 import AppTest
+
+    from tests.test_app import APP, TIMEOUT
+    from tests.test_dflash_layouts import dflash2_config, dflash2_weights
+
+    d2 = dflash2_config()
+    runs = {"DFlash2 candidate selector": (d2, dflash2_weights(d2)),
+            "Domino correction": (domino_config(), domino_weights(domino_config()))}
+    for title, (cfg, w) in runs.items():
+        folder = write_checkpoint(tmp_path / title.split()[0], cfg, w)
+        tr = greedy_traces(qwen3_target, folder, seed=7, runs=1)[0]
+        last = max(i for i, r in enumerate(tr.rounds) if r.draft)
+        at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+        at.run()
+        at.switch_page("pages/trace.py").run()
+        at.session_state["uploaded_trace"] = tr
+        at.session_state["uploaded_name"] = "saved.json"
+        at.run()
+        if len(tr.rounds) > 1:
+            at.slider(key="up_scrub").set_value(last + 1).run()
+        assert not at.exception and not at.error
+        shown = [e for e in at.expander if e.label.startswith(title)]
+        assert len(shown) == 1, [e.label for e in at.expander]
+        assert len(shown[0].dataframe[0].value) == len(tr.rounds[last].draft)
