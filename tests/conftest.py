@@ -248,12 +248,20 @@ def greedy_lossless_runs(target, method: str, prompts: list[dict], max_new_token
     return out
 
 
+def real_prompt_sets(full: int) -> list:
+    """The two sizes of a real-prompt lossless check, as a ``per_category`` parameter: two
+    example prompts per category (10) in the default run, ``full`` per category with
+    ``-m slow`` (the tiny-model twins of every method run by default either way)."""
+    return [pytest.param(2, id="10-prompts"),
+            pytest.param(full, id=f"{5 * full}-prompts", marks=pytest.mark.slow)]
+
+
 def lossless_on_examples(target, method: str, n_per_category: int, allowed_ties: int,
                          max_new_tokens: int = 40, **params) -> list[tuple]:
-    """``greedy_lossless_runs`` on >= 20 example prompts; at most ``allowed_ties`` outputs may
-    differ from AR (each a genuine near-tie)."""
+    """``greedy_lossless_runs`` on ``n_per_category`` example prompts of each of the five
+    categories; at most ``allowed_ties`` outputs may differ from AR (each a genuine near-tie)."""
     prompts = example_prompts(n_per_category)
-    assert len(prompts) >= 20
+    assert len(prompts) == 5 * n_per_category
     runs = greedy_lossless_runs(target, method, prompts, max_new_tokens, **params)
     identical = sum(rep.identical for _, _, rep in runs)
     assert identical >= len(prompts) - allowed_ties, f"only {identical}/{len(prompts)} identical"

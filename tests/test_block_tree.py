@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from conftest import assert_sampling_lossless, count_forwards, sampling_pair
+from conftest import assert_sampling_lossless, count_forwards, sampling_pair, real_prompt_sets
 from test_dflash import qwen3_target  # noqa: F401  (fixture)
 from specviz.analysis.lossless import compare_outputs
 from specviz.costs import CostModel
@@ -216,12 +216,13 @@ def test_tree_rounds_record_and_describe_their_cut(tiny_target):
 
 # ----------------------------------------------------------------------------- real model
 @pytest.mark.integration
-def test_bundled_drafter_with_trees_is_lossless_on_real_prompts(embedded_target):
-    """The bundled drafter drafting trees under the default cut: greedy lossless on 20 prompts,
+@pytest.mark.parametrize("per_category", real_prompt_sets(4))
+def test_bundled_drafter_with_trees_is_lossless_on_real_prompts(embedded_target, per_category):
+    """The bundled drafter drafting trees under the default cut: greedy lossless on the example prompts,
     some rounds accepted through a second-choice word."""
     from conftest import lossless_on_examples
 
-    runs = lossless_on_examples(embedded_target, "dflash", 4, 1, tree=16)
+    runs = lossless_on_examples(embedded_target, "dflash", per_category, 1, tree=16)
     rounds = [r for _, df, _ in runs for r in df.rounds]
     trees = [r for r in rounds if r.is_tree]
     assert trees, "no round drafted a tree"

@@ -20,7 +20,7 @@ from specviz.models import ModelLoadError
 from specviz.run import generate
 
 from conftest import (assert_same_law, finish_tiny_target, first_two_token_counts,
-                      sampling_pair)
+                      sampling_pair, real_prompt_sets)
 
 
 def make_tiny_qwen3(vocab_size=128, seed=0, layers=4, eos=1):
@@ -397,13 +397,14 @@ def test_bundled_drafters_by_name():
 
 
 @pytest.mark.integration
-def test_bundled_drafter_greedy_lossless_on_real_prompts(embedded_target):
+@pytest.mark.parametrize("per_category", real_prompt_sets(4))
+def test_bundled_drafter_greedy_lossless_on_real_prompts(embedded_target, per_category):
     from conftest import lossless_on_examples
 
     # whole blocks (cut="off"): the drafter's own tau, whatever this machine's verify cost
     # (the default cost-aware cut verifies less on a busy machine; it is lossless-tested with
     # DSpark below and on the EDR drafter)
-    runs = lossless_on_examples(embedded_target, "dflash", 4, 1, cut="off")  # 5 x 4 prompts
+    runs = lossless_on_examples(embedded_target, "dflash", per_category, 1, cut="off")
     for _, df, _ in runs:
         assert all(len(r.extras["confidence"]) == len(r.draft) for r in df.rounds)
     tokens = sum(len(df.output_ids) for _, df, _ in runs)

@@ -28,7 +28,7 @@ from specviz.train.rollout_store import RolloutSet
 from specviz.train.rollouts import make_rollouts
 
 from conftest import (assert_same_law, first_two_token_counts, make_tiny_rollouts,
-                      make_tiny_target)
+                      make_tiny_target, real_prompt_sets)
 
 
 def _dspark(target, seed=0, block_size=5, rank=4, scale=0.0, draft_vocab=None):
@@ -208,13 +208,14 @@ def test_bundled_dspark_loads_strictly_and_only_for_its_target(tiny_target):
 
 
 @pytest.mark.integration
-def test_bundled_dspark_greedy_lossless_on_real_prompts(embedded_target):
+@pytest.mark.parametrize("per_category", real_prompt_sets(4))
+def test_bundled_dspark_greedy_lossless_on_real_prompts(embedded_target, per_category):
     from conftest import lossless_on_examples
 
     # the default cost-aware cut: lossless whatever it keeps. How much it keeps depends on this
     # machine's measured verify cost (a busy machine verifies less), so tau is only required to
     # show accepted drafts here; the drafter's own tau is checked on whole blocks (DFlash test)
-    runs = lossless_on_examples(embedded_target, "dspark", 4, 1)  # 5 categories x 4 prompts
+    runs = lossless_on_examples(embedded_target, "dspark", per_category, 1)
     tokens = sum(len(df.output_ids) for _, df, _ in runs)
     rounds = sum(df.num_rounds for _, df, _ in runs)
     assert tokens / rounds > 1.0, f"the bundled DSpark drafter's tau is only {tokens / rounds:.2f}"

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import assert_sampling_lossless, count_forwards, repetitive_prompt, sampling_pair
+from conftest import (assert_sampling_lossless, count_forwards, real_prompt_sets,
+                      repetitive_prompt, sampling_pair)
 from specviz.analysis.lossless import compare_outputs
 from specviz.drafters import make_drafter
 from specviz.drafters.base import Draft
@@ -220,13 +221,14 @@ def test_bad_settings_fail_clearly(tiny_target):
 
 
 @pytest.mark.integration
-def test_bundled_hybrid_greedy_lossless_on_real_prompts(embedded_target):
-    """The bundled DFlash drafter + AdaPLD on 20 real prompts: greedy lossless, with rounds
+@pytest.mark.parametrize("per_category", real_prompt_sets(4))
+def test_bundled_hybrid_greedy_lossless_on_real_prompts(embedded_target, per_category):
+    """The bundled DFlash drafter + AdaPLD on real prompts: greedy lossless, with rounds
     accepted along the block's nodes and along lookup-only nodes, and a higher tau than the
     block alone on the same prompts."""
     from conftest import lossless_on_examples
 
-    runs = lossless_on_examples(embedded_target, "dflash_adapld", 4, 1)   # 5 x 4 prompts
+    runs = lossless_on_examples(embedded_target, "dflash_adapld", per_category, 1) 
     won = {"block": 0, "lookup": 0, "both": 0}
     for _, tr, _ in runs:
         for r in tr.rounds:

@@ -4,13 +4,14 @@ import pytest
 from specviz.engine import DecodeSettings
 from specviz.run import generate
 
-from conftest import lossless_on_examples
+from conftest import lossless_on_examples, real_prompt_sets
 
 pytestmark = pytest.mark.integration
 
 
-def test_pld_greedy_lossless_on_real_prompts(embedded_target):
-    runs = lossless_on_examples(embedded_target, "pld", 5, 2)  # 5 categories x 5 prompts
+@pytest.mark.parametrize("per_category", real_prompt_sets(5))
+def test_pld_greedy_lossless_on_real_prompts(embedded_target, per_category):
+    runs = lossless_on_examples(embedded_target, "pld", per_category, 2)
     assert all(pld.target_forwards <= ar.target_forwards for ar, pld, _ in runs)
     accepted = sum(r.accepted for _, pld, _ in runs for r in pld.rounds)
     assert accepted > 100  # PLD drafts really were accepted on these prompts

@@ -18,7 +18,7 @@ from specviz.errors import SettingsError
 from specviz.models import ModelLoadError
 from specviz.run import generate
 
-from conftest import assert_same_law, first_two_token_counts, sampling_pair
+from conftest import assert_same_law, first_two_token_counts, sampling_pair, real_prompt_sets
 
 
 def random_fusion(H, seed=0, scale=0.5):
@@ -286,9 +286,10 @@ def test_bundled_retrace_is_for_the_bundled_backbone(tiny_target):
 
 
 @pytest.mark.integration
-def test_bundled_retrace_greedy_lossless_on_real_prompts(embedded_target):
+@pytest.mark.parametrize("per_category", real_prompt_sets(4))
+def test_bundled_retrace_greedy_lossless_on_real_prompts(embedded_target, per_category):
     from conftest import lossless_on_examples
 
-    runs = lossless_on_examples(embedded_target, "retrace", 4, 1)  # 5 categories x 4 prompts
+    runs = lossless_on_examples(embedded_target, "retrace", per_category, 1)
     fused = sum(1 for _, tr, _ in runs for r in tr.rounds if "retrace" in r.extras)
     assert fused > 0   # the memory was really used on real prompts
