@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from specviz.served.server import popen_tied
+
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
@@ -54,11 +56,11 @@ def server():
     port = _free_port()
     log = open(ARTIFACTS / "streamlit-server.log", "w")
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
-    proc = subprocess.Popen(
+    proc = popen_tied(   # its own process group, ended with this test run even if killed
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
          "--server.port", str(port), "--server.address", "127.0.0.1",
          "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         _wait_health(port, proc)
         yield f"http://127.0.0.1:{port}"

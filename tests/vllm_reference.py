@@ -102,12 +102,12 @@ def _vllm_layer_state(state: dict, i: int) -> dict:
 
 def pieces(t: dict) -> dict:
     """DFlash2's ``_grouped_conv`` and ``_score_edges`` on the given tensors."""
-    from vllm.model_executor.models.qwen3_dflash2 import _grouped_conv, _score_edges
+    from vllm.model_executor.models import qwen3_dflash2 as vllm_d2   # its module-private code
 
-    return {"conv": _grouped_conv(t["x"], t["delta"], t["base"], t["block"], t["groups"],
-                                  t["gsize"], t["taps"]),
-            "edges": _score_edges(t["pred"], t["succ"], t["cand"], t["unary"], t["hid"],
-                                  t["anchor"], t["k"])}
+    return {"conv": vllm_d2._grouped_conv(t["x"], t["delta"], t["base"], t["block"],
+                                          t["groups"], t["gsize"], t["taps"]),
+            "edges": vllm_d2._score_edges(t["pred"], t["succ"], t["cand"], t["unary"], t["hid"],
+                                          t["anchor"], t["k"])}
 
 
 def _qwen3(raw: dict):
@@ -124,13 +124,13 @@ def _qwen3(raw: dict):
 def resolve(configs: list[dict]) -> list:
     """vLLM's ``_resolve_layer_attention`` per layer of each config: [window, causal] per layer,
     or the error's text."""
-    from vllm.model_executor.models.qwen3_dflash import _resolve_layer_attention
+    from vllm.model_executor.models import qwen3_dflash as vllm_d1   # its module-private code
 
     out = []
     for raw in configs:
         cfg = _qwen3(raw)
         try:
-            out.append([list(_resolve_layer_attention(cfg, i))
+            out.append([list(vllm_d1._resolve_layer_attention(cfg, i))
                         for i in range(cfg.num_hidden_layers)])
         except (ValueError, NotImplementedError) as exc:
             out.append(f"error: {exc}")
