@@ -14,7 +14,7 @@ import torch
 
 from ...errors import SettingsError
 from ...models import ModelLoadError
-from .layouts import layout_of
+from .layouts import ARCHITECTURES, layout_of
 from .model import DRAFT_VOCAB_KEY, DFlashDraftModel, default_target_layer_ids
 
 CONFIG_NAME = "config.json"
@@ -213,8 +213,6 @@ def save_dflash_checkpoint(model: DFlashDraftModel, folder: str | Path) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     cfg = dict(model.config)
-    from .layouts import ARCHITECTURES
-
     cfg["architectures"] = [next(a for a, lay in ARCHITECTURES.items() if lay == model.layout)]
     cfg["model_type"] = "qwen3"
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}

@@ -59,8 +59,7 @@ def domino_block(model, h: torch.Tensor, head: nn.Module, embed: nn.Module, anch
     the words; the round's ``domino`` extras: the backbone's own word per slot and whether the
     correction changed it)."""
     z = h[0:k] if model.shift_label else h[1:k + 1]
-    dev, dt = head.weight.device, head.weight.dtype
-    base = head(z.to(dev, dt)).float()
+    base = model.draft_scores(z, head, None).float()   # Domino: no draft vocabulary
     pool_ids = _pool(base, pool)
     rows = base.new_full(base.shape, float("-inf"))
     rows[0] = base[0]

@@ -30,7 +30,6 @@ ARCHITECTURES = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2",
                  "DominoDraftModel": "domino"}
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 DOMINO_PROJECTORS = ("domino", "causal_v5")
-LAYOUTS = ("dflash", "dflash2", "domino")
 
 
 def layout_of(cfg: dict) -> str:
