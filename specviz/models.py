@@ -318,7 +318,8 @@ def _cpu_numerics(model, tokenizer, dev: str, dt: torch.dtype, dtype, kernels):
         w = prepare_bfloat16(model, check_tokens(tokenizer))
         numerics = Numerics("bfloat16", w or 1, "asked for" if w else
                             "asked for; its logits depend on the forward width here, so greedy "
-                            "outputs can differ from plain decoding at near-ties")
+                            "outputs can differ from plain decoding at near-ties",
+                            invariant=w is not None)
     return model, dt, numerics, kernels
 
 

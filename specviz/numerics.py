@@ -8,8 +8,9 @@ logits can differ with M. In float32 the difference is ~1e-5 (a flip needs an ex
 in bfloat16 each layer's output is rounded to 8 mantissa bits and the difference reaches ~0.5
 logits, so outputs diverge on most prompts. But from some width W on, the kernels keep one
 tiling and a row's result is bit-identical for every M >= W -- for the matmuls; torch's fused
-CPU attention is not, so :func:`invariant_attention` replaces it (measured on a 2-core
-AVX512-BF16 CPU with the embedded SmolLM2: W = 2). So every decoding forward is padded to at least W rows
+CPU attention is not, so :func:`invariant_attention` replaces it (measured with the embedded
+SmolLM2: W = 2 on one 2-core AVX512-BF16 CPU, W = 1 -- no padding -- on another). So every
+decoding forward is padded to at least W rows
 (``Target.min_width``; the padding rows come after the real ones, no real row attends to them,
 and their cache rows are dropped with the rejected ones). On such a CPU a bfloat16 forward over
 4 tokens costs about what one over 1 token does (AVX512-BF16 dot products, half the weight
@@ -49,6 +50,7 @@ class Numerics:
     reason: str
     times_ms: dict = field(default_factory=dict)   # "float32@1", "bfloat16@4", ...
     check_s: float = 0.0
+    invariant: bool = True   # logits width-invariant from min_width on (1: at every width)
 
     def summary(self) -> str:
         t = ", ".join(f"{k} {v:.0f} ms" for k, v in self.times_ms.items())
@@ -58,14 +60,20 @@ class Numerics:
 
 def invariant_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                         **kwargs):
-    """Attention as plain matmuls + softmax in the model's dtype (transformers' eager path) with
-    boolean masks (True = attend). Unlike the fused CPU kernel, its rows do not depend on the
-    forward's width from two rows on (measured; see the module docstring)."""
+    """Attention as plain matmuls + softmax (transformers' eager path) with boolean masks
+    (True = attend), computed in float64 and returned in the model's dtype. Unlike the fused
+    CPU kernel, its rows do not depend on the forward's width from W rows on (measured; see the
+    module docstring)."""
     from transformers.models.llama.modeling_llama import repeat_kv
 
     k = repeat_kv(key, module.num_key_value_groups)
     v = repeat_kv(value, module.num_key_value_groups)
-    scores = torch.matmul(query, k.transpose(2, 3)) * scaling
+    # float64 throughout: a float32 softmax's sum and a matmul's reduction over the keys are
+    # ordered by the row's length (vector body vs tail, blocking), and bfloat16 rounding turns
+    # those ~1e-7 differences into flipped bits (measured on a CPU without AVX512-BF16: rows of
+    # a wide forward differed from one-token steps at 55-62 and ~240 keys); in float64 they
+    # stay far below bfloat16's rounding
+    scores = torch.matmul(query.double(), k.double().transpose(2, 3)) * scaling
     q_len, kv_len = query.shape[-2], k.shape[-2]
     if attention_mask is None and q_len > 1 and getattr(module, "is_causal", True):
         # transformers skips the mask where SDPA's is_causal would do (e.g. a prefill):
@@ -77,8 +85,9 @@ def invariant_attention(module, query, key, value, attention_mask, scaling=None,
             scores = scores.masked_fill(~attention_mask, float("-inf"))
         else:
             scores = scores + attention_mask
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    return torch.matmul(probs, v).transpose(1, 2).contiguous(), None
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.matmul(probs, v.double()).to(query.dtype)
+    return out.transpose(1, 2).contiguous(), None
 
 
 ATTENTION = "specviz_invariant"

@@ -120,7 +120,7 @@ def bf16_target():
     from specviz.models import load_target
 
     t = load_target("default", dtype="bfloat16")
-    if t.min_width < 2:
+    if not t.numerics.invariant:
         pytest.skip(f"no width-invariant bfloat16 on this CPU: {t.numerics.reason}")
     return t
 
@@ -134,13 +134,16 @@ def test_bfloat16_target_is_width_invariant(bf16_target):
         bf16_target.min_width
 
 
-def test_bfloat16_greedy_identical_for_every_method(bf16_target):
-    """Token for token, no near-tie allowance: 20 prompts of five kinds (PLD, AdaPLD -- chains
-    here, as only a first branch counts under padding; DFlash on every other one)."""
+@pytest.mark.parametrize("per_category", [
+    pytest.param(1, id="5-prompts"), pytest.param(4, id="20-prompts", marks=pytest.mark.slow)])
+def test_bfloat16_greedy_identical_for_every_method(bf16_target, per_category):
+    """Token for token, no near-tie allowance: example prompts of five kinds, one of each by
+    default, four with -m slow (PLD, AdaPLD -- chains here, as only a first branch counts under
+    padding; DFlash on every other one)."""
     from conftest import example_prompts
 
-    prompts = [r["prompt"] for r in example_prompts(4)][:20]
-    assert len(prompts) >= 20
+    prompts = [r["prompt"] for r in example_prompts(per_category)]
+    assert len(prompts) == 5 * per_category
     s = DecodeSettings(max_new_tokens=24)
     for i, p in enumerate(prompts):
         ar = generate(bf16_target, "ar", p, s).output_ids
@@ -168,7 +171,9 @@ def test_auto_choice_returns_a_consistent_model(embedded_target):
     assert torch.equal(embedded_target.model.lm_head.weight, before)
     assert info.dtype == str(next(model.parameters()).dtype).replace("torch.", "")
     if info.dtype == "bfloat16":
-        assert model is not embedded_target.model and info.min_width >= 2
+        # W = 2 on an AVX512-BF16 CPU; 1 where bfloat16 rows never depend on the width
+        assert model is not embedded_target.model and 1 <= info.min_width <= 8
+        assert info.invariant
         assert set(info.times_ms) >= {"float32@1", "float32@8"} and info.check_s < 30
     else:
         assert model is embedded_target.model and info.min_width == 1
