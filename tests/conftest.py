@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from tests.browser_support import browser, server  # noqa: E402,F401 (one app server per run)
-from tests.served_support import start_vllm_early, vllm_server  # noqa: E402,F401
+from tests.served_support import vllm_server  # noqa: E402,F401
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
@@ -91,8 +91,9 @@ def embedded_target():
     return load_target("default", dtype="float32")
 
 
-def example_prompts(n_per_category: int) -> list[dict]:
-    """The first ``n_per_category`` prompts of each category in examples/prompts.jsonl."""
+def example_prompts(n_per_category: int, start: int = 0) -> list[dict]:
+    """Prompts ``start`` .. ``start + n_per_category - 1`` of each category in
+    examples/prompts.jsonl (the first ones by default)."""
     import json
     from pathlib import Path
 
@@ -101,8 +102,8 @@ def example_prompts(n_per_category: int) -> list[dict]:
     seen: dict[str, int] = {}
     out = []
     for r in rows:
-        if seen.get(r["category"], 0) < n_per_category:
-            seen[r["category"]] = seen.get(r["category"], 0) + 1
+        i = seen[r["category"]] = seen.get(r["category"], -1) + 1
+        if start <= i < start + n_per_category:
             out.append(r)
     return out
 
@@ -249,18 +250,20 @@ def greedy_lossless_runs(target, method: str, prompts: list[dict], max_new_token
 
 
 def real_prompt_sets(full: int) -> list:
-    """The two sizes of a real-prompt lossless check, as a ``per_category`` parameter: two
-    example prompts per category (10) in the default run, ``full`` per category with
-    ``-m slow`` (the tiny-model twins of every method run by default either way)."""
-    return [pytest.param(2, id="10-prompts"),
+    """The two sizes of a real-prompt lossless check, as a ``per_category`` parameter: one
+    example prompt per category (5) in the default run, ``full`` per category with ``-m slow``
+    (the tiny-model twins of every method run by default either way). Each check passes its own
+    ``start``, so the default run covers different prompts across methods."""
+    return [pytest.param(1, id="5-prompts"),
             pytest.param(full, id=f"{5 * full}-prompts", marks=pytest.mark.slow)]
 
 
 def lossless_on_examples(target, method: str, n_per_category: int, allowed_ties: int,
-                         max_new_tokens: int = 40, **params) -> list[tuple]:
+                         max_new_tokens: int = 40, start: int = 0, **params) -> list[tuple]:
     """``greedy_lossless_runs`` on ``n_per_category`` example prompts of each of the five
-    categories; at most ``allowed_ties`` outputs may differ from AR (each a genuine near-tie)."""
-    prompts = example_prompts(n_per_category)
+    categories, from the ``start``-th on; at most ``allowed_ties`` outputs may differ from AR
+    (each a genuine near-tie)."""
+    prompts = example_prompts(n_per_category, start)
     assert len(prompts) == 5 * n_per_category
     runs = greedy_lossless_runs(target, method, prompts, max_new_tokens, **params)
     identical = sum(rep.identical for _, _, rep in runs)
@@ -293,7 +296,3 @@ def counted_lossless_run(monkeypatch, target, drafter, ids, settings):
     assert compare_outputs(target, ids, ar.output_ids, tr.output_ids).ok
     return tr, len(calls)
 
-
-def pytest_collection_finish(session):
-    """Start the vLLM server now if a selected test needs it (it answers a minute or two later)."""
-    start_vllm_early(session)

@@ -222,7 +222,7 @@ def test_bundled_drafter_with_trees_is_lossless_on_real_prompts(embedded_target,
     some rounds accepted through a second-choice word."""
     from conftest import lossless_on_examples
 
-    runs = lossless_on_examples(embedded_target, "dflash", per_category, 1, tree=16)
+    runs = lossless_on_examples(embedded_target, "dflash", per_category, 1, start=2, tree=16)
     rounds = [r for _, df, _ in runs for r in df.rounds]
     trees = [r for r in rounds if r.is_tree]
     assert trees, "no round drafted a tree"

@@ -32,6 +32,7 @@ TABS = [
     ("AR", "Summarize in one sentence: The museum opened a new wing on Monday. The new wing "
            "holds paintings from the 1800s, and the museum expects more visitors."),
 ]
+TAB_TOKENS = 20   # new tokens per tab
 REPORT: dict = {}
 
 
@@ -98,7 +99,7 @@ def test_four_tabs_decode_at_once_each_as_if_alone(server, browser, embedded_tar
     try:
         for page, (method, prompt) in zip(pages, TABS):
             _ready(page, server)
-            _set_number(page, "max_new_tokens", 32)
+            _set_number(page, "max_new_tokens", TAB_TOKENS)
             pick(page, "method", method)
             _set_text(page, "prompt_text", prompt, area=True)
             assert not _errors(page), _errors(page)
@@ -122,7 +123,7 @@ def test_four_tabs_decode_at_once_each_as_if_alone(server, browser, embedded_tar
         identical = 0
         for (method, prompt), a, b in zip(TABS, together, alone):
             assert a.meta["prompt"] == prompt and a.meta["method"] == method.lower()
-            assert a.prompt_ids == b.prompt_ids and 0 < a.new_tokens <= 32
+            assert a.prompt_ids == b.prompt_ids and 0 < a.new_tokens <= TAB_TOKENS
             rep = compare_outputs(embedded_target, a.prompt_ids, b.output_ids, a.output_ids)
             assert rep.ok, (method, rep.first_divergence, rep.top2_gap)
             identical += a.output_ids == b.output_ids
@@ -131,7 +132,7 @@ def test_four_tabs_decode_at_once_each_as_if_alone(server, browser, embedded_tar
         for page in pages:
             assert page.locator(EXCEPTION).count() == 0
         REPORT["four_tabs"] = {
-            "methods": [m for m, _ in TABS], "tokens_each": 32,
+            "methods": [m for m, _ in TABS], "tokens_each": TAB_TOKENS,
             "wall_s_all_four_at_once": round(wall, 2),
             "wall_s_each_alone": [round(x, 2) for x in t_alone],
             "outputs_identical_to_alone": identical}

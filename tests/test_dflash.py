@@ -404,7 +404,8 @@ def test_bundled_drafter_greedy_lossless_on_real_prompts(embedded_target, per_ca
     # whole blocks (cut="off"): the drafter's own tau, whatever this machine's verify cost
     # (the default cost-aware cut verifies less on a busy machine; it is lossless-tested with
     # DSpark below and on the EDR drafter)
-    runs = lossless_on_examples(embedded_target, "dflash", per_category, 1, cut="off")
+    runs = lossless_on_examples(embedded_target, "dflash", per_category, 1, start=1,
+                                cut="off")
     for _, df, _ in runs:
         assert all(len(r.extras["confidence"]) == len(r.draft) for r in df.rounds)
     tokens = sum(len(df.output_ids) for _, df, _ in runs)

@@ -215,7 +215,7 @@ def test_bundled_dspark_greedy_lossless_on_real_prompts(embedded_target, per_cat
     # the default cost-aware cut: lossless whatever it keeps. How much it keeps depends on this
     # machine's measured verify cost (a busy machine verifies less), so tau is only required to
     # show accepted drafts here; the drafter's own tau is checked on whole blocks (DFlash test)
-    runs = lossless_on_examples(embedded_target, "dspark", per_category, 1)
+    runs = lossless_on_examples(embedded_target, "dspark", per_category, 1, start=3)
     tokens = sum(len(df.output_ids) for _, df, _ in runs)
     rounds = sum(df.num_rounds for _, df, _ in runs)
     assert tokens / rounds > 1.0, f"the bundled DSpark drafter's tau is only {tokens / rounds:.2f}"

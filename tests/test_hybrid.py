@@ -228,7 +228,7 @@ def test_bundled_hybrid_greedy_lossless_on_real_prompts(embedded_target, per_cat
     block alone on the same prompts."""
     from conftest import lossless_on_examples
 
-    runs = lossless_on_examples(embedded_target, "dflash_adapld", per_category, 1) 
+    runs = lossless_on_examples(embedded_target, "dflash_adapld", per_category, 1, start=4)
     won = {"block": 0, "lookup": 0, "both": 0}
     for _, tr, _ in runs:
         for r in tr.rounds:

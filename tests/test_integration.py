@@ -14,7 +14,7 @@ def test_pld_greedy_lossless_on_real_prompts(embedded_target, per_category):
     runs = lossless_on_examples(embedded_target, "pld", per_category, 2)
     assert all(pld.target_forwards <= ar.target_forwards for ar, pld, _ in runs)
     accepted = sum(r.accepted for _, pld, _ in runs for r in pld.rounds)
-    assert accepted > 100  # PLD drafts really were accepted on these prompts
+    assert accepted > 10 * len(runs)  # PLD drafts really were accepted on these prompts
 
 
 def test_sampling_run_is_reproducible_from_seed(embedded_target):

@@ -290,6 +290,6 @@ def test_bundled_retrace_is_for_the_bundled_backbone(tiny_target):
 def test_bundled_retrace_greedy_lossless_on_real_prompts(embedded_target, per_category):
     from conftest import lossless_on_examples
 
-    runs = lossless_on_examples(embedded_target, "retrace", per_category, 1)
+    runs = lossless_on_examples(embedded_target, "retrace", per_category, 1, start=5)
     fused = sum(1 for _, tr, _ in runs for r in tr.rounds if "retrace" in r.extras)
     assert fused > 0   # the memory was really used on real prompts

@@ -34,7 +34,6 @@ from specviz.viz.tables import position_table, rounds_table, to_csv_bytes
 ROOT = Path(__file__).resolve().parent.parent
 SEEDS = sorted((ROOT / "tests" / "data" / "traces").glob("*.json"))
 ARTIFACTS = ROOT / "test-artifacts"
-CASES = 500
 #: what a message must never show: Python's own words
 INTERNALS = re.compile(r"Traceback|object has no attribute|NoneType|invalid literal|could not "
                        r"convert|unhashable|not subscriptable|index out of range|KeyError|"
@@ -217,12 +216,14 @@ def _kind(msg: str) -> str:
     return re.sub(r"\d+|got .*|item .*|is .*?;", "#", msg)[:90]
 
 
-def test_fuzzed_traces_load_and_render_or_say_why(tmp_path):
+@pytest.mark.parametrize("cases", [pytest.param(150, id="150-cases"),
+                                   pytest.param(500, id="500-cases", marks=pytest.mark.slow)])
+def test_fuzzed_traces_load_and_render_or_say_why(tmp_path, cases):
     counts: Counter = Counter()
     kinds: Counter = Counter()
     examples: dict[str, str] = {}
 
-    @settings(max_examples=CASES, derandomize=True, deadline=None, database=None,
+    @settings(max_examples=cases, derandomize=True, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
     @given(mutated_file())
     def one(data: bytes) -> None:
@@ -243,9 +244,9 @@ def test_fuzzed_traces_load_and_render_or_say_why(tmp_path):
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "trace-fuzz.json").write_text(json.dumps(report, indent=1, ensure_ascii=False))
     print(json.dumps(report["cases"]), f"{len(kinds)} kinds of message")
-    assert counts["cases"] >= CASES * 0.9
+    assert counts["cases"] >= cases * 0.9
     # both outcomes are exercised: mutations that stay valid, and ones that are refused
-    assert counts["loaded and rendered"] >= 10 and counts["clear message"] >= CASES / 3
+    assert counts["loaded and rendered"] >= 10 and counts["clear message"] >= cases / 3
     assert len(kinds) >= 20
 
 
