@@ -157,10 +157,15 @@ def first_branch_only(tree, verdict):
 
 
 def _context(model, tokens: list[int]):
+    """A cache holding ``tokens`` (their logits are not needed: the LM head runs on one row)."""
     from transformers import DynamicCache
 
+    from .kvcache import cache_kwarg
+
     cache = DynamicCache(config=model.config)
-    _forward(model, cache, tokens)
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([tokens]), use_cache=True, logits_to_keep=1,
+              **{cache_kwarg(model): cache})
     return cache
 
 
@@ -233,18 +238,19 @@ def _timings(runs: dict[str, tuple], context: int = 128, repeats: int = 3,
     forward by forward and not after a rest: on a 2-core VM, alternating float32 and bfloat16
     forwards slowed bfloat16 2-3x, and so did the first forwards after 2 s idle."""
     caches, out = {}, {name: [] for name in runs}
-    for name, (model, width) in runs.items():
-        vocab = int(model.config.vocab_size)
-        caches[name] = _context(model, [(i * 31 + 7) % vocab for i in range(context)])
+    for model, _ in runs.values():   # one per model: every forward's rows are cropped again
+        if id(model) not in caches:
+            vocab = int(model.config.vocab_size)
+            caches[id(model)] = _context(model, [(i * 31 + 7) % vocab for i in range(context)])
     for _ in range(passes):
         for name, (model, width) in runs.items():
             ids = [(i * 13 + 5) % int(model.config.vocab_size) for i in range(width)]
             for rep in range(repeats + 2):
                 t0 = time.perf_counter()
-                _forward(model, caches[name], ids)
+                _forward(model, caches[id(model)], ids)
                 if rep >= 2:
                     out[name].append(time.perf_counter() - t0)
-                caches[name].crop(-width)
+                caches[id(model)].crop(-width)
     return {name: round(1000 * statistics.median(v), 1) for name, v in out.items()}
 
 
@@ -258,23 +264,35 @@ def prepare_bfloat16(model, tokens: list[int]) -> int | None:
 def choose_cpu_numerics(model, tokens: list[int]) -> tuple[torch.nn.Module, Numerics]:
     """Measure float32 vs padded bfloat16 on this CPU and return (the model to use, why).
     ``model`` is float32; the bfloat16 candidate is a copy (the float32 weights survive when
-    it loses)."""
+    it loses). Timed first, unpadded: padding only adds rows, so where bfloat16 is not faster
+    even without it the width check (the longer part) is skipped."""
     t0 = time.perf_counter()
     n_params = sum(p.numel() for p in model.parameters())
     if n_params > MAX_AUTO_PARAMS:
         return model, Numerics("float32", 1, "model too large to try bfloat16 next to it")
     bf16 = copy.deepcopy(model).to(torch.bfloat16)
-    w = prepare_bfloat16(bf16, tokens)
+    bf16.set_attn_implementation(register_attention())
+    times = _timings({"bfloat16@1": (bf16, 1), "bfloat16@8": (bf16, 8),
+                      "float32@1": (model, 1), "float32@8": (model, 8)})
+    if not _bf16_faster(times, 1):
+        return model, Numerics("float32", 1, "bfloat16 is not faster on this CPU", times,
+                               time.perf_counter() - t0)
+    w = invariant_width(bf16, tokens)
     if w is None:
         return model, Numerics("float32", 1, "bfloat16 logits depend on the forward width here",
-                               {}, time.perf_counter() - t0)
-    times = _timings({f"bfloat16@{w}": (bf16, w), f"bfloat16@{max(8, w)}": (bf16, max(8, w)),
-                      "float32@1": (model, 1), "float32@8": (model, 8)})
-    # a plain step plus an 8-token verify: the mix a speculative run is made of
-    faster = times[f"bfloat16@{w}"] + times[f"bfloat16@{max(8, w)}"] < \
-        times["float32@1"] + times["float32@8"]
+                               times, time.perf_counter() - t0)
+    if w > 1:
+        times.update(_timings({f"bfloat16@{w}": (bf16, w), f"bfloat16@{max(8, w)}":
+                               (bf16, max(8, w))}))
     took = time.perf_counter() - t0
-    if not faster:
+    if not _bf16_faster(times, w):
         return model, Numerics("float32", 1, "bfloat16 is not faster on this CPU", times, took)
     return bf16, Numerics("bfloat16", w, f"measured faster, and width-invariant from {w} tokens",
                           times, took)
+
+
+def _bf16_faster(times: dict[str, float], w: int) -> bool:
+    """A plain step plus an 8-token verify (the mix a speculative run is made of), bfloat16
+    padded to ``w`` against float32."""
+    return times[f"bfloat16@{w}"] + times[f"bfloat16@{max(8, w)}"] < \
+        times["float32@1"] + times["float32@8"]

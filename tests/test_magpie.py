@@ -43,7 +43,7 @@ def test_system_turn_steers_the_prefix_only(embedded_target):
 
 
 def test_synthesize_is_seeded_distinct_and_loadable(embedded_target, tmp_path):
-    kw = dict(count=4, seed=3, temperature=1.0, max_new_tokens=32, batch_size=4)
+    kw = dict(count=4, seed=3, temperature=1.0, max_new_tokens=40, batch_size=8, max_batches=1)
     rows = synthesize_instructions(embedded_target, **kw)
     assert 2 <= len(rows) <= 4
     assert rows == synthesize_instructions(embedded_target, **kw)    # same seed, same prompts
