@@ -20,8 +20,8 @@ from . import __version__
 from .costs import cached_model
 from .drafters.base import Draft, DraftContext, Drafter, VerifyFeedback, clip_draft
 from .errors import PromptError, SettingsError
-from .kvcache import cache_kwarg, cache_len, keep_rows
-from .models import Target, accepts_logits_to_keep
+from .kvcache import accepts_logits_to_keep, cache_kwarg, cache_len, keep_rows
+from .models import Target
 from .numerics import first_branch_only, pad_tree_inputs, padded
 from .trace import Round, Trace
 from .tree import TokenTree

@@ -24,6 +24,15 @@ def cache_kwarg(model) -> str:
     return _cache_kwarg_for(type(model))
 
 
+def accepts_logits_to_keep(model) -> bool:
+    """Whether ``model.forward`` takes transformers' ``logits_to_keep`` (LM head on the last
+    rows only); remote-code or older models may not."""
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def cache_len(cache) -> int:
     return int(cache.get_seq_length()) if cache is not None else 0
 

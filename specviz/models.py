@@ -8,7 +8,6 @@ folder in the user cache dir, after which it loads in about a second.
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import os
 import re
 import shutil
@@ -33,15 +32,6 @@ ProgressFn = Callable[[float, str], None]
 
 class ModelLoadError(SpecvizError, RuntimeError):
     """Raised with a one-line, user-facing message when a target cannot be loaded."""
-
-
-def accepts_logits_to_keep(model) -> bool:
-    """Whether ``model.forward`` takes transformers' ``logits_to_keep`` (LM head on the last
-    rows only); remote-code or older models may not."""
-    try:
-        return "logits_to_keep" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def cache_dir() -> Path:

@@ -103,12 +103,17 @@ def register_attention() -> str:
     return ATTENTION
 
 
-def _forward(model, cache, ids: list[int], mask=None, positions=None) -> torch.Tensor:
-    from .kvcache import cache_kwarg
+def _forward(model, cache, ids: list[int], mask=None, positions=None,
+             keep: int = 0) -> torch.Tensor:
+    """Logits of the last ``keep`` rows (0: every row; where the model can skip the others) of
+    a forward over ``ids`` on ``cache``."""
+    from .kvcache import accepts_logits_to_keep, cache_kwarg
 
     kw = {cache_kwarg(model): cache}
     if mask is not None:
         kw.update(attention_mask=mask, position_ids=positions)
+    if keep and accepts_logits_to_keep(model):
+        kw["logits_to_keep"] = keep
     with torch.inference_mode():
         out = model(input_ids=torch.tensor([ids]), use_cache=True, **kw)
     return out.logits[0].float()
@@ -160,12 +165,8 @@ def _context(model, tokens: list[int]):
     """A cache holding ``tokens`` (their logits are not needed: the LM head runs on one row)."""
     from transformers import DynamicCache
 
-    from .kvcache import cache_kwarg
-
     cache = DynamicCache(config=model.config)
-    with torch.inference_mode():
-        model(input_ids=torch.tensor([tokens]), use_cache=True, logits_to_keep=1,
-              **{cache_kwarg(model): cache})
+    _forward(model, cache, tokens, keep=1)
     return cache
 
 

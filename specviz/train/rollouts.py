@@ -37,7 +37,7 @@ from typing import Callable, Iterable
 import torch
 
 from ..errors import SettingsError, SpecvizError
-from ..models import accepts_logits_to_keep
+from ..kvcache import accepts_logits_to_keep
 from .loop import report_batch, step_bar
 from .rollout_store import MANIFEST_NAME, next_shard_no, read_manifest, write_or_check_meta
 
